@@ -1,0 +1,247 @@
+"""How long a batch takes: the latency model behind every prediction and simulation.
+
+Two forms, as operators have them:
+- `linear:BASE_MS,PER_ITEM_MS` — service time `base + per_item * b`, the shape BentoML
+  fits online and a good first guess for GPU kernels;
+- a table of measured points (batch size -> mean ms, optionally p99 ms) from a JSON file,
+  such as `tidal profile` writes, interpolated between points.
+
+Either may carry seeded jitter (lognormal, mean preserving; a table's p99 sets it) and a
+memory limit: the largest batch that fits is
+`(device memory - parameter memory) / per-sample activation memory`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from adaptive.errors import InvalidInput
+from adaptive.units import parse_size_bytes
+
+_Z99 = 2.3263478740408408  # standard normal quantile at 0.99
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryLimit:
+    """Device memory budget of one worker, in bytes."""
+
+    device_bytes: int
+    parameter_bytes: int
+    activation_bytes_per_sample: int
+
+    def __post_init__(self) -> None:
+        if self.activation_bytes_per_sample <= 0:
+            raise InvalidInput(
+                f"activation memory per sample must be > 0, got {self.activation_bytes_per_sample}"
+            )
+        if self.device_bytes <= self.parameter_bytes:
+            raise InvalidInput(
+                f"device memory ({self.device_bytes} B) must exceed parameter memory "
+                f"({self.parameter_bytes} B)"
+            )
+
+    @property
+    def max_batch_size(self) -> int:
+        spare = self.device_bytes - self.parameter_bytes
+        return max(1, spare // self.activation_bytes_per_sample)
+
+
+class LatencyModel(Protocol):
+    """Service time of a batch by its size; arrays in, arrays out, seconds."""
+
+    @property
+    def memory(self) -> MemoryLimit | None: ...
+
+    def mean_s(self, batch_sizes: np.ndarray) -> np.ndarray: ...
+
+    def jitter_sigma(self, batch_sizes: np.ndarray) -> np.ndarray: ...
+
+    def describe(self) -> str: ...
+
+
+def max_feasible_batch(model: LatencyModel) -> int | None:
+    """The largest batch the model's memory limit allows, or None when unlimited."""
+    return model.memory.max_batch_size if model.memory else None
+
+
+@dataclass(frozen=True, slots=True)
+class LinearLatency:
+    """`base_s + per_item_s * b`, with optional lognormal jitter of the given sigma."""
+
+    base_s: float
+    per_item_s: float
+    sigma: float = 0.0
+    memory: MemoryLimit | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("base_s", "per_item_s", "sigma"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0:
+                raise InvalidInput(f"latency model {name} must be >= 0, got {value}")
+        if self.base_s + self.per_item_s <= 0:
+            raise InvalidInput("latency model must give a batch of 1 a positive service time")
+
+    def mean_s(self, batch_sizes: np.ndarray) -> np.ndarray:
+        return self.base_s + self.per_item_s * np.asarray(batch_sizes, dtype=np.float64)
+
+    def jitter_sigma(self, batch_sizes: np.ndarray) -> np.ndarray:
+        return np.full(np.shape(batch_sizes), self.sigma, dtype=np.float64)
+
+    def describe(self) -> str:
+        text = f"linear:{self.base_s * 1e3:g},{self.per_item_s * 1e3:g}"
+        return text + (f",jitter={self.sigma:g}" if self.sigma else "")
+
+
+@dataclass(frozen=True, slots=True)
+class TableLatency:
+    """Measured mean (and optional p99) service times, interpolated linearly.
+
+    Beyond the largest measured size the last slope is extrapolated; a p99 makes each
+    batch's jitter lognormal with that p99/mean ratio.
+    """
+
+    batch_sizes: tuple[int, ...]
+    mean_times_s: tuple[float, ...]
+    p99_times_s: tuple[float, ...] | None = None
+    memory: MemoryLimit | None = None
+    source: str = "table"
+
+    def __post_init__(self) -> None:
+        sizes = self.batch_sizes
+        if len(sizes) == 0 or len(sizes) != len(self.mean_times_s):
+            raise InvalidInput(f"{self.source}: need one mean time per batch size")
+        if any(b < 1 for b in sizes) or any(b2 <= b1 for b1, b2 in itertools.pairwise(sizes)):
+            raise InvalidInput(f"{self.source}: batch sizes must be >= 1 and increasing")
+        if any(not math.isfinite(t) or t <= 0 for t in self.mean_times_s):
+            raise InvalidInput(f"{self.source}: mean times must be > 0")
+        if self.p99_times_s is not None:
+            if len(self.p99_times_s) != len(sizes):
+                raise InvalidInput(f"{self.source}: need a p99 for every batch size or none")
+            for b, mean, p99 in zip(sizes, self.mean_times_s, self.p99_times_s, strict=True):
+                if p99 < mean:
+                    raise InvalidInput(
+                        f"{self.source}: p99 ({p99 * 1e3:g} ms) below mean "
+                        f"({mean * 1e3:g} ms) at batch size {b}"
+                    )
+
+    def mean_s(self, batch_sizes: np.ndarray) -> np.ndarray:
+        return _interpolate(self.batch_sizes, self.mean_times_s, batch_sizes)
+
+    def jitter_sigma(self, batch_sizes: np.ndarray) -> np.ndarray:
+        if self.p99_times_s is None:
+            return np.zeros(np.shape(batch_sizes), dtype=np.float64)
+        ratios = np.array(self.p99_times_s) / np.array(self.mean_times_s)
+        sigmas = [_lognormal_sigma_for_p99_ratio(r) for r in ratios]
+        return np.interp(np.asarray(batch_sizes, dtype=np.float64), self.batch_sizes, sigmas)
+
+    def describe(self) -> str:
+        return self.source
+
+
+def _interpolate(xs: tuple[int, ...], ys: tuple[float, ...], at: np.ndarray) -> np.ndarray:
+    at = np.asarray(at, dtype=np.float64)
+    values = np.interp(at, xs, ys)
+    if len(xs) >= 2:
+        slope = max(0.0, (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]))
+        beyond = at > xs[-1]
+        values[beyond] = ys[-1] + slope * (at[beyond] - xs[-1])
+    return values
+
+
+def _lognormal_sigma_for_p99_ratio(ratio: float) -> float:
+    """Sigma of a mean-one lognormal whose 99th percentile is `ratio`."""
+    log_ratio = math.log(max(ratio, 1.0))
+    discriminant = max(_Z99 * _Z99 - 2.0 * log_ratio, 0.0)
+    return _Z99 - math.sqrt(discriminant)
+
+
+def parse_latency_model(spec: str) -> LatencyModel:
+    """A model from `linear:BASE_MS,PER_ITEM_MS[,jitter=S][,device_memory=..,...]` or a path."""
+    if spec.startswith("linear:"):
+        return _parse_linear(spec)
+    path = Path(spec)
+    if path.suffix.lower() == ".json" or path.exists():
+        return load_latency_table(path)
+    raise InvalidInput(
+        f"latency model must be linear:BASE_MS,PER_ITEM_MS or a JSON file, got {spec!r}"
+    )
+
+
+def _parse_linear(spec: str) -> LinearLatency:
+    parts = [p.strip() for p in spec.removeprefix("linear:").split(",") if p.strip()]
+    positional = [p for p in parts if "=" not in p]
+    options = dict(p.split("=", 1) for p in parts if "=" in p)
+    if len(positional) != 2:
+        raise InvalidInput(f"latency model {spec!r}: expected linear:BASE_MS,PER_ITEM_MS")
+    try:
+        base_ms, per_item_ms = (float(p) for p in positional)
+        sigma = float(options.pop("jitter", 0.0))
+    except ValueError:
+        raise InvalidInput(f"latency model {spec!r}: values must be numbers") from None
+    memory = _memory_from_options(options, spec)
+    if options:
+        raise InvalidInput(f"latency model {spec!r}: unknown option {sorted(options)[0]!r}")
+    return LinearLatency(base_ms / 1e3, per_item_ms / 1e3, sigma, memory)
+
+
+_MEMORY_KEYS = ("device_memory", "parameter_memory", "sample_memory")
+
+
+def _memory_from_options(options: dict[str, str], where: str) -> MemoryLimit | None:
+    present = [k for k in _MEMORY_KEYS if k in options]
+    if not present:
+        return None
+    if len(present) != len(_MEMORY_KEYS):
+        missing = [k for k in _MEMORY_KEYS if k not in options]
+        raise InvalidInput(f"{where}: memory limit needs {', '.join(missing)} as well")
+    device, parameters, sample = (parse_size_bytes(options.pop(k), field=k) for k in _MEMORY_KEYS)
+    return MemoryLimit(device, parameters, sample)
+
+
+def load_latency_table(path: Path) -> TableLatency:
+    """Read a profile JSON: `{"points": [{"batch_size", "mean_ms", "p99_ms"?}], "memory"?}`."""
+    try:
+        document = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise InvalidInput(f"{path}: latency model file not found") from None
+    except (OSError, json.JSONDecodeError) as error:
+        raise InvalidInput(f"{path}: not a readable JSON latency model ({error})") from None
+    if not isinstance(document, dict) or not isinstance(document.get("points"), list):
+        raise InvalidInput(f"{path}: expected an object with a 'points' list")
+    return _table_from_document(document, str(path))
+
+
+def _table_from_document(document: dict, source: str) -> TableLatency:
+    points = sorted(document["points"], key=lambda p: p.get("batch_size", 0))
+    try:
+        sizes = tuple(int(p["batch_size"]) for p in points)
+        means = tuple(float(p["mean_ms"]) / 1e3 for p in points)
+        has_p99 = all("p99_ms" in p for p in points)
+        p99s = tuple(float(p["p99_ms"]) / 1e3 for p in points) if has_p99 else None
+    except (KeyError, TypeError, ValueError) as error:
+        raise InvalidInput(f"{source}: each point needs batch_size and mean_ms ({error})") from None
+    return TableLatency(sizes, means, p99s, _memory_from_document(document, source), source)
+
+
+def _memory_from_document(document: dict, source: str) -> MemoryLimit | None:
+    memory = document.get("memory")
+    if memory is None:
+        return None
+    try:
+        return MemoryLimit(
+            int(memory["device_bytes"]),
+            int(memory["parameter_bytes"]),
+            int(memory["activation_bytes_per_sample"]),
+        )
+    except (KeyError, TypeError, ValueError) as error:
+        raise InvalidInput(
+            f"{source}: memory needs device_bytes, parameter_bytes and "
+            f"activation_bytes_per_sample ({error})"
+        ) from None

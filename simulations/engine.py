@@ -1,0 +1,252 @@
+"""A simulated pool of workers: the state the compiled kernel advances tick by tick.
+
+`SimulatedPool` owns the queue ring buffers, worker clocks, histograms and jitter draws,
+grows them as needed, and turns each tick's raw statistics into a `TickStats` record.
+It knows nothing about policies or traces; `simulations.run` drives it.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import numpy as np
+
+from adaptive.config import BatchConfig
+from adaptive.errors import InvalidInput
+from adaptive.histogram import (
+    BUCKET_LOWER_S,
+    BUCKET_REPRESENTATIVES_S,
+    INV_LOG_GAMMA,
+    MIN_VALUE_S,
+    NUM_BUCKETS,
+)
+from adaptive.latency import LatencyModel, max_feasible_batch
+from simulations import kernel as k
+
+SAFETY_QUEUE_LIMIT = 5_000_000
+"""Waiting requests per queue past which arrivals are shed even with no --max-queue,
+so that a config that cannot keep up sheds (and says so) instead of exhausting memory."""
+
+
+class Routing(enum.StrEnum):
+    """How arrivals reach workers: one shared queue, or a queue per worker."""
+
+    SHARED = "shared"
+    ROUND_ROBIN = "round-robin"
+    SHORTEST_QUEUE = "shortest-queue"
+
+    @property
+    def kernel_code(self) -> int:
+        return {
+            Routing.SHARED: k.ROUTE_SHARED,
+            Routing.ROUND_ROBIN: k.ROUTE_ROUND_ROBIN,
+            Routing.SHORTEST_QUEUE: k.ROUTE_SHORTEST_QUEUE,
+        }[self]
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSettings:
+    """The fleet being simulated."""
+
+    workers: int
+    slo_s: float
+    routing: Routing = Routing.SHARED
+    max_queue: int | None = None
+    record_requests: bool = False
+
+    def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise InvalidInput(f"workers must be >= 1, got {self.workers}")
+        if self.max_queue is not None and self.max_queue < 1:
+            raise InvalidInput(f"max_queue must be >= 1, got {self.max_queue}")
+        if self.slo_s <= 0:
+            raise InvalidInput(f"slo must be > 0, got {self.slo_s}")
+
+    @property
+    def num_queues(self) -> int:
+        return 1 if self.routing is Routing.SHARED else self.workers
+
+    @property
+    def effective_max_queue(self) -> int:
+        return self.max_queue if self.max_queue is not None else SAFETY_QUEUE_LIMIT
+
+
+@dataclass(frozen=True, slots=True)
+class TickStats:
+    """What one tick did: counts, sums and the tick's own latency quantiles."""
+
+    arrivals: int
+    shed: int
+    completed: int
+    batches: int
+    batch_size_sum: int
+    fill_sum: float
+    busy_s: float
+    latency_sum_s: float
+    latency_max_s: float
+    within_slo: int
+    max_queue_depth: int
+    queue_depth: int
+    p50_s: float | None
+    p99_s: float | None
+
+    @classmethod
+    def from_vector(cls, vector: np.ndarray) -> TickStats:
+        v = vector.tolist()
+        p50, p99 = v[k.ST_P50_S], v[k.ST_P99_S]
+        return cls(
+            int(v[k.ST_ARRIVALS]),
+            int(v[k.ST_SHED]),
+            int(v[k.ST_COMPLETED]),
+            int(v[k.ST_BATCHES]),
+            int(v[k.ST_BATCH_SIZE_SUM]),
+            v[k.ST_FILL_SUM],
+            v[k.ST_BUSY_S],
+            v[k.ST_LATENCY_SUM_S],
+            v[k.ST_LATENCY_MAX_S],
+            int(v[k.ST_WITHIN_SLO]),
+            int(v[k.ST_MAX_QUEUE_DEPTH]),
+            int(v[k.ST_QUEUE_DEPTH_END]),
+            None if p50 != p50 else p50,
+            None if p99 != p99 else p99,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceTable:
+    """Mean service seconds and jitter sigma by batch size (index 0 unused)."""
+
+    mean_s: np.ndarray
+    sigma: np.ndarray
+
+
+class SimulatedPool:
+    """Workers, queues and histograms of one simulated pool under a changing config."""
+
+    def __init__(
+        self, settings: PoolSettings, latency: LatencyModel, jitter_rng: np.random.Generator
+    ) -> None:
+        self.settings = settings
+        self.latency = latency
+        self.max_feasible_batch = max_feasible_batch(latency)
+        self.clamped_from: int | None = None
+        self._rng = jitter_rng
+        self._tables: dict[int, ServiceTable] = {}
+        queues = settings.num_queues
+        self._qtime = np.zeros((queues, 1024))
+        self._qid = np.zeros((queues, 1024), dtype=np.int64)
+        self._qhead = np.zeros(queues, dtype=np.int64)
+        self._qlen = np.zeros(queues, dtype=np.int64)
+        self.worker_free = np.zeros(settings.workers)
+        self._istate = np.zeros(k.NUM_INT_STATE, dtype=np.int64)
+        self._stats = np.zeros(k.NUM_STATS)
+        self._tick_hist = np.zeros((1, NUM_BUCKETS), dtype=np.int64)
+        self._hist_params = np.array([MIN_VALUE_S, INV_LOG_GAMMA])
+        self._normals = np.zeros(0)
+        self._records = np.zeros((0, k.NUM_REC_COLUMNS))
+        self._record_chunks: list[np.ndarray] = []
+
+    @property
+    def queue_depth(self) -> int:
+        return int(self._qlen.sum())
+
+    def applicable(self, config: BatchConfig) -> BatchConfig:
+        """The config as the pool can run it: clamped to the memory limit, noted once."""
+        cap = self.max_feasible_batch
+        if cap is None or config.max_batch_size <= cap:
+            return config
+        self.clamped_from = max(self.clamped_from or 0, config.max_batch_size)
+        return BatchConfig(cap, config.timeout_s)
+
+    def advance(
+        self, t_start: float, t_end: float, arrivals: np.ndarray, config: BatchConfig
+    ) -> TickStats:
+        """Run the pool from t_start to t_end under `config`, taking `arrivals` (sorted)."""
+        config = self.applicable(config)
+        table = self._service_table(config.max_batch_size)
+        incoming = arrivals.shape[0] + self.queue_depth
+        self._ensure_queue_capacity(arrivals.shape[0])
+        self._ensure_normals(incoming)
+        records = self._record_buffer(incoming)
+        k.run_tick(
+            float(t_start),
+            float(t_end),
+            arrivals,
+            config.max_batch_size,
+            config.timeout_s,
+            self.settings.effective_max_queue,
+            self.settings.routing.kernel_code,
+            table.mean_s,
+            table.sigma,
+            self._normals,
+            self.settings.slo_s,
+            self._qtime,
+            self._qid,
+            self._qhead,
+            self._qlen,
+            self.worker_free,
+            self._istate,
+            self._stats,
+            self._tick_hist,
+            self._hist_params,
+            BUCKET_LOWER_S,
+            BUCKET_REPRESENTATIVES_S,
+            records,
+        )
+        self._keep_records(records)
+        return TickStats.from_vector(self._stats)
+
+    @property
+    def tick_histogram(self) -> np.ndarray:
+        """Latency bucket counts of the last tick (adaptive.histogram layout)."""
+        return self._tick_hist[0]
+
+    def records(self) -> np.ndarray:
+        """Per-request rows (see kernel.REC_*), in dispatch order; needs record_requests."""
+        if not self._record_chunks:
+            return np.zeros((0, k.NUM_REC_COLUMNS))
+        return np.concatenate(self._record_chunks)
+
+    def _service_table(self, max_batch: int) -> ServiceTable:
+        table = self._tables.get(max_batch)
+        if table is None:
+            sizes = np.arange(max_batch + 1)
+            mean = self.latency.mean_s(sizes)
+            mean[0] = 0.0
+            table = ServiceTable(mean, self.latency.jitter_sigma(sizes))
+            self._tables[max_batch] = table
+        return table
+
+    def _ensure_queue_capacity(self, arriving: int) -> None:
+        cap = self._qtime.shape[1]
+        needed = min(int(self._qlen.max()) + arriving, self.settings.effective_max_queue)
+        if needed <= cap:
+            return
+        new_cap = 1 << (needed - 1).bit_length()  # the kernel masks with capacity - 1
+        qtime = np.zeros((self._qtime.shape[0], new_cap))
+        qid = np.zeros((self._qtime.shape[0], new_cap), dtype=np.int64)
+        for q in range(self._qtime.shape[0]):
+            order = (self._qhead[q] + np.arange(self._qlen[q])) % cap
+            qtime[q, : self._qlen[q]] = self._qtime[q, order]
+            qid[q, : self._qlen[q]] = self._qid[q, order]
+        self._qtime, self._qid = qtime, qid
+        self._qhead[:] = 0
+
+    def _ensure_normals(self, max_batches: int) -> None:
+        position = int(self._istate[k.IS_NORMAL_POS])
+        if self._normals.shape[0] - position >= max_batches:
+            return
+        fresh = self._rng.standard_normal(max(max_batches, 65536))
+        self._normals = np.concatenate((self._normals[position:], fresh))
+        self._istate[k.IS_NORMAL_POS] = 0
+
+    def _record_buffer(self, incoming: int) -> np.ndarray:
+        if not self.settings.record_requests:
+            return self._records
+        self._istate[k.IS_RECORDS] = 0
+        return np.zeros((incoming, k.NUM_REC_COLUMNS))
+
+    def _keep_records(self, records: np.ndarray) -> None:
+        if self.settings.record_requests:
+            self._record_chunks.append(records[: int(self._istate[k.IS_RECORDS])])

@@ -1,0 +1,134 @@
+"""Present a simulation: the comparison table, the summary JSON and the timeline CSVs."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from simulations.run import PolicyResult, SimulationReport
+
+
+def _ms(value_s: float | None) -> float | None:
+    return None if value_s is None else round(value_s * 1e3, 4)
+
+
+def policy_summary(result: PolicyResult) -> dict[str, Any]:
+    """One policy's entry in the summary JSON (schema in docs/simulate.md)."""
+    latency = result.latency
+    return {
+        "policy": result.policy,
+        "completed": result.completed,
+        "shed": result.shed,
+        "throughput_rps": round(result.throughput_rps, 3),
+        "latency_ms": {
+            "p50": _ms(latency.p50_s),
+            "p90": _ms(latency.p90_s),
+            "p99": _ms(latency.p99_s),
+            "p999": _ms(latency.p999_s),
+            "max": _ms(latency.max_s),
+            "mean": _ms(latency.mean_s),
+        },
+        "slo_attainment": round(result.slo_attainment, 6),
+        "mean_batch_size": round(result.mean_batch_size, 4),
+        "batch_fill_ratio": round(result.batch_fill_ratio, 4),
+        "utilization": round(result.utilization, 4),
+        "busy_seconds": round(result.busy_s, 4),
+        "wall_s": round(result.wall_s, 3),
+        "sim_requests_per_s": round(result.sim_requests_per_s),
+        "config_changes": result.config_changes,
+        "clamped_max_batch": (
+            {"requested": result.clamped_from, "applied": result.max_feasible_batch}
+            if result.clamped_from
+            else None
+        ),
+    }
+
+
+def summary_dict(report: SimulationReport) -> dict[str, Any]:
+    return {
+        "trace": report.trace,
+        "requests": report.requests,
+        "workers": report.workers,
+        "slo_ms": round(report.slo_s * 1e3, 6),
+        "latency_model": report.latency_model,
+        "tick_s": report.tick_s,
+        "window_s": report.window_s,
+        "policies": [policy_summary(r) for r in report.results],
+        "notes": list(report_notes(report)),
+    }
+
+
+def report_notes(report: SimulationReport) -> list[str]:
+    """Things the reader must know to trust the table: clamps, safety sheds, input fixes."""
+    notes = list(report.notes)
+    for r in report.results:
+        if r.clamped_from:
+            notes.append(
+                f"{r.policy}: max batch {r.clamped_from} exceeds the memory limit; "
+                f"ran with {r.max_feasible_batch}"
+            )
+        if r.safety_shed:
+            notes.append(
+                f"{r.policy}: queue passed the simulator's safety limit and shed {r.shed} "
+                "requests (the config cannot keep up; set --max-queue to model shedding)"
+            )
+    return notes
+
+
+def format_table(report: SimulationReport) -> str:
+    """The side-by-side comparison, one row per policy."""
+    header = (
+        f"{'policy':<38} {'p50 ms':>8} {'p99 ms':>9} {'p99.9 ms':>9} {'SLO %':>7} "
+        f"{'shed':>8} {'batch':>6} {'fill':>5} {'util':>5} {'busy s':>9} {'thr rps':>9}"
+    )
+    lines = [
+        f"trace {report.trace}: {report.requests:,} requests, {report.workers} workers, "
+        f"SLO p99 {report.slo_s * 1e3:g} ms, latency {report.latency_model}",
+        header,
+        "-" * len(header),
+    ]
+    for r in report.results:
+        lat = r.latency
+        lines.append(
+            f"{r.policy:<38} {_fmt(lat.p50_s, 1e3, 8)} {_fmt(lat.p99_s, 1e3, 9)} "
+            f"{_fmt(lat.p999_s, 1e3, 9)} {r.slo_attainment * 100:>7.2f} {r.shed:>8} "
+            f"{r.mean_batch_size:>6.1f} {r.batch_fill_ratio:>5.2f} {r.utilization:>5.2f} "
+            f"{r.busy_s:>9.0f} {r.throughput_rps:>9.0f}"
+        )
+    lines.extend(f"note: {n}" for n in report_notes(report))
+    return "\n".join(lines)
+
+
+def _fmt(value: float | None, scale: float, width: int) -> str:
+    return f"{'-':>{width}}" if value is None else f"{value * scale:>{width}.2f}"
+
+
+def policy_file_stem(policy: str) -> str:
+    """A file-name-safe form of a policy spec: "static:max_batch=32" -> "static-max_batch-32"."""
+    return re.sub(r"[^A-Za-z0-9_.]+", "-", policy).strip("-")
+
+
+def write_outputs(report: SimulationReport, out_dir: Path) -> list[Path]:
+    """summary.json and one timeline CSV per policy; returns the paths written."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summary = out_dir / "summary.json"
+    summary.write_text(json.dumps(summary_dict(report), indent=2) + "\n")
+    written = [summary]
+    for result in report.results:
+        path = out_dir / f"timeline-{policy_file_stem(result.policy)}.csv"
+        _write_timeline(result, path)
+        written.append(path)
+    return written
+
+
+def _write_timeline(result: PolicyResult, path: Path) -> None:
+    names = [f.name for f in dataclasses.fields(result.timeline[0])] if result.timeline else []
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(names)
+        for row in result.timeline:
+            writer.writerow("" if v is None else v for v in dataclasses.astuple(row))

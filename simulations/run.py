@@ -1,0 +1,285 @@
+"""Replay a trace through one simulated pool per policy, side by side, tick by tick.
+
+Every control tick each policy's pool consumes the same arrivals, the policy sees an
+`Observation` of that tick and answers with a config for the next one: the same seam
+the live control plane drives. Arrivals are generated in chunks and shared, so memory
+stays flat however long the trace.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from adaptive.config import BatchConfig
+from adaptive.errors import InvalidInput
+from adaptive.histogram import NUM_BUCKETS, LatencyHistogram, LatencySummary
+from adaptive.latency import LatencyModel
+from adaptive.policy import Observation, Policy, Snapshot
+from simulations.arrivals import ArrivalStream
+from simulations.engine import PoolSettings, SimulatedPool, TickStats
+from simulations.timeline import TimelineBuilder, WindowRow
+from simulations.traces import Trace
+
+
+@dataclass(frozen=True, slots=True)
+class SimulationSettings:
+    """How to replay: the pool, control tick, timeline window and seed."""
+
+    pool: PoolSettings
+    tick_s: float = 1.0
+    window_s: float = 10.0
+    chunk_s: float = 60.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.tick_s <= 0:
+            raise InvalidInput(f"tick must be > 0, got {self.tick_s}")
+        ratio = self.window_s / self.tick_s
+        if self.window_s <= 0 or abs(ratio - round(ratio)) > 1e-9:
+            raise InvalidInput(
+                f"window ({self.window_s:g}s) must be a positive multiple of the tick "
+                f"({self.tick_s:g}s)"
+            )
+
+    @property
+    def ticks_per_window(self) -> int:
+        return round(self.window_s / self.tick_s)
+
+
+@dataclass(frozen=True)
+class PolicyResult:
+    """What one policy did over the whole trace."""
+
+    policy: str
+    requests: int
+    completed: int
+    shed: int
+    within_slo: int
+    latency: LatencySummary
+    batches: int
+    batch_size_sum: int
+    fill_sum: float
+    busy_s: float
+    workers: int
+    span_s: float
+    wall_s: float
+    config_changes: int
+    timeline: tuple[WindowRow, ...]
+    clamped_from: int | None = None
+    max_feasible_batch: int | None = None
+    safety_shed: bool = False
+    records: np.ndarray | None = field(default=None, repr=False)
+
+    @property
+    def throughput_rps(self) -> float:
+        return self.completed / self.span_s if self.span_s else 0.0
+
+    @property
+    def slo_attainment(self) -> float:
+        offered = self.completed + self.shed
+        return self.within_slo / offered if offered else 1.0
+
+    @property
+    def mean_batch_size(self) -> float:
+        return self.batch_size_sum / self.batches if self.batches else 0.0
+
+    @property
+    def batch_fill_ratio(self) -> float:
+        return self.fill_sum / self.batches if self.batches else 0.0
+
+    @property
+    def utilization(self) -> float:
+        return self.busy_s / (self.workers * self.span_s) if self.span_s else 0.0
+
+    @property
+    def sim_requests_per_s(self) -> float:
+        return self.requests / self.wall_s if self.wall_s else 0.0
+
+
+@dataclass(frozen=True)
+class SimulationReport:
+    """All policies' results on one trace."""
+
+    trace: str
+    requests: int
+    workers: int
+    slo_s: float
+    latency_model: str
+    tick_s: float
+    window_s: float
+    results: tuple[PolicyResult, ...]
+    notes: tuple[str, ...] = ()
+
+
+class _PolicyRun:
+    """One policy driving one simulated pool."""
+
+    def __init__(self, policy: Policy, pool: SimulatedPool, settings: SimulationSettings) -> None:
+        self.policy = policy
+        self.pool = pool
+        self.settings = settings
+        self.config: BatchConfig = policy.initial_config()
+        self.config_changes = 0
+        self.timeline = TimelineBuilder(settings.window_s, settings.pool.workers)
+        self.totals = np.zeros(6)  # completed, shed, within_slo, batches, size_sum, fill_sum
+        self.busy_s = 0.0
+        self.latency_sum_s = 0.0
+        self.latency_max_s = 0.0
+        self.wall_s = 0.0
+        self.window_hist = np.zeros(NUM_BUCKETS, dtype=np.int64)
+        self.total_hist = np.zeros(NUM_BUCKETS, dtype=np.int64)
+
+    def tick(self, t_start: float, t_end: float, arrivals: np.ndarray) -> None:
+        started = time.perf_counter()
+        stats = self.pool.advance(t_start, t_end, arrivals, self.config)
+        self._accumulate(stats)
+        self._decide(t_end, stats)
+        self.wall_s += time.perf_counter() - started
+
+    def _accumulate(self, s: TickStats) -> None:
+        self.totals += (s.completed, s.shed, s.within_slo, s.batches, s.batch_size_sum, s.fill_sum)
+        self.busy_s += s.busy_s
+        self.latency_sum_s += s.latency_sum_s
+        self.latency_max_s = max(self.latency_max_s, s.latency_max_s)
+        if s.completed:
+            self.window_hist += self.pool.tick_histogram
+        self.timeline.add_tick(s)
+
+    def _decide(self, now: float, s: TickStats) -> None:
+        observation = _observation(now, self.settings, s)
+        snapshot = Snapshot(
+            now=now,
+            observation=observation,
+            config=self.config,
+            slo_s=self.settings.pool.slo_s,
+            workers=self.settings.pool.workers,
+        )
+        chosen = self.policy.decide(snapshot).config
+        if chosen != self.config:
+            self.config_changes += 1
+            self.config = chosen
+
+    def close_window(self, end_s: float) -> None:
+        self.timeline.close_window(end_s, self.window_hist, self.config)
+        self.total_hist += self.window_hist
+        self.window_hist[:] = 0
+
+    @property
+    def idle(self) -> bool:
+        return self.pool.queue_depth == 0
+
+    def result(self, requests: int) -> PolicyResult:
+        completed, shed, within, batches, size_sum, fill_sum = self.totals
+        histogram = LatencyHistogram()
+        histogram.add_counts(self.total_hist, self.latency_sum_s, self.latency_max_s)
+        span_s = float(max(self.pool.worker_free.max(), self.timeline.rows[-1].end_s))
+        settings = self.settings.pool
+        return PolicyResult(
+            policy=self.policy.spec,
+            requests=requests,
+            completed=int(completed),
+            shed=int(shed),
+            within_slo=int(within),
+            latency=histogram.summary(),
+            batches=int(batches),
+            batch_size_sum=int(size_sum),
+            fill_sum=float(fill_sum),
+            busy_s=self.busy_s,
+            workers=settings.workers,
+            span_s=span_s,
+            wall_s=self.wall_s,
+            config_changes=self.config_changes,
+            timeline=tuple(self.timeline.rows),
+            clamped_from=self.pool.clamped_from,
+            max_feasible_batch=self.pool.max_feasible_batch,
+            safety_shed=settings.max_queue is None and shed > 0,
+            records=self.pool.records() if settings.record_requests else None,
+        )
+
+
+def _observation(now: float, settings: SimulationSettings, s: TickStats) -> Observation:
+    return Observation(
+        ended_at=now,
+        window_s=settings.tick_s,
+        arrivals=s.arrivals,
+        completed=s.completed,
+        shed=s.shed,
+        queue_depth=s.queue_depth,
+        latency_p50_s=s.p50_s,
+        latency_p99_s=s.p99_s,
+        mean_batch_size=s.batch_size_sum / s.batches if s.batches else None,
+        batch_fill_ratio=s.fill_sum / s.batches if s.batches else None,
+        utilization=s.busy_s / (settings.pool.workers * settings.tick_s),
+    )
+
+
+ProgressCallback = Callable[[float], None]
+
+
+def simulate(
+    trace: Trace,
+    policies: Sequence[Policy],
+    settings: SimulationSettings,
+    latency: LatencyModel,
+    on_progress: ProgressCallback | None = None,
+) -> SimulationReport:
+    """Replay `trace` once per policy, on the same arrivals, and summarise each."""
+    arrival_seed, jitter_seed = np.random.SeedSequence(settings.seed).spawn(2)
+    stream = ArrivalStream(
+        trace.arrival_chunks(settings.chunk_s, np.random.default_rng(arrival_seed))
+    )
+    runs = [
+        _PolicyRun(
+            p, SimulatedPool(settings.pool, latency, np.random.default_rng(jitter_seed)), settings
+        )
+        for p in policies
+    ]
+    requests = _replay(stream, runs, settings, trace.duration_s, on_progress)
+    return SimulationReport(
+        trace=trace.name,
+        requests=requests,
+        workers=settings.pool.workers,
+        slo_s=settings.pool.slo_s,
+        latency_model=latency.describe(),
+        tick_s=settings.tick_s,
+        window_s=settings.window_s,
+        results=tuple(run.result(requests) for run in runs),
+        notes=tuple(trace.notes),
+    )
+
+
+def _pool(
+    settings: SimulationSettings, latency: LatencyModel, seed: np.random.SeedSequence
+) -> SimulatedPool:
+    # Every policy's pool draws the same jitter sequence (common random numbers).
+    return SimulatedPool(settings.pool, latency, np.random.default_rng(seed))
+
+
+def _replay(
+    stream: ArrivalStream,
+    runs: list[_PolicyRun],
+    settings: SimulationSettings,
+    duration_s: float,
+    on_progress: ProgressCallback | None,
+) -> int:
+    requests = 0
+    tick = 0
+    while True:
+        t_start, t_end = tick * settings.tick_s, (tick + 1) * settings.tick_s
+        arrivals = stream.take_until(t_end)
+        requests += arrivals.size
+        for run in runs:
+            run.tick(t_start, t_end, arrivals)
+        tick += 1
+        finished = t_end >= duration_s and stream.drained and all(r.idle for r in runs)
+        if finished or tick % settings.ticks_per_window == 0:
+            for run in runs:
+                run.close_window(t_end)
+        if on_progress is not None:
+            on_progress(t_end)
+        if finished:
+            return requests

@@ -1,0 +1,75 @@
+"""Per-window records of a simulated run: what an operator's dashboard would have shown."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from adaptive.config import BatchConfig
+from adaptive.histogram import quantile_from_counts
+from simulations.engine import TickStats
+
+
+@dataclass(frozen=True, slots=True)
+class WindowRow:
+    """One timeline window. Requests count in the window in which their batch started."""
+
+    start_s: float
+    end_s: float
+    arrivals: int
+    completed: int
+    shed: int
+    p50_ms: float | None
+    p99_ms: float | None
+    mean_batch_size: float | None
+    batch_fill_ratio: float | None
+    utilization: float
+    max_queue_depth: int
+    max_batch_size: int
+    timeout_ms: float
+
+    @property
+    def arrival_rate_rps(self) -> float:
+        return self.arrivals / (self.end_s - self.start_s)
+
+
+class TimelineBuilder:
+    """Folds tick statistics into fixed windows of simulated time."""
+
+    def __init__(self, window_s: float, workers: int) -> None:
+        self.window_s = window_s
+        self.workers = workers
+        self.rows: list[WindowRow] = []
+        self._start_s = 0.0
+        self._ticks: list[TickStats] = []
+
+    def add_tick(self, stats: TickStats) -> None:
+        self._ticks.append(stats)
+
+    def close_window(self, end_s: float, window_counts: np.ndarray, config: BatchConfig) -> None:
+        """End the window at end_s; `window_counts` is its latency histogram."""
+        ticks = self._ticks
+        batches = sum(t.batches for t in ticks)
+        span = end_s - self._start_s
+        p50 = quantile_from_counts(window_counts, 0.5)
+        p99 = quantile_from_counts(window_counts, 0.99)
+        self.rows.append(
+            WindowRow(
+                start_s=self._start_s,
+                end_s=end_s,
+                arrivals=sum(t.arrivals for t in ticks),
+                completed=sum(t.completed for t in ticks),
+                shed=sum(t.shed for t in ticks),
+                p50_ms=None if p50 is None else p50 * 1e3,
+                p99_ms=None if p99 is None else p99 * 1e3,
+                mean_batch_size=sum(t.batch_size_sum for t in ticks) / batches if batches else None,
+                batch_fill_ratio=sum(t.fill_sum for t in ticks) / batches if batches else None,
+                utilization=sum(t.busy_s for t in ticks) / (self.workers * span) if span else 0.0,
+                max_queue_depth=max((t.max_queue_depth for t in ticks), default=0),
+                max_batch_size=config.max_batch_size,
+                timeout_ms=config.timeout_s * 1e3,
+            )
+        )
+        self._start_s = end_s
+        self._ticks = []
