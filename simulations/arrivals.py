@@ -25,7 +25,7 @@ class ArrivalStream:
         pending = [self._buffer]
         while self._complete_until < t_end and not self.exhausted:
             chunk = next(self._chunks, None)
-            if chunk is None:
+            if chunk is None:  # a source that ends without an infinite last bound
                 self.exhausted = True
                 self._complete_until = np.inf
             else:
@@ -38,5 +38,5 @@ class ArrivalStream:
 
     @property
     def drained(self) -> bool:
-        """True once the trace is exhausted and every arrival was taken."""
-        return self.exhausted and self._buffer.size == 0
+        """True once no arrival is left to come and every arrival was taken."""
+        return self._complete_until == np.inf and self._buffer.size == 0

@@ -119,6 +119,7 @@ class ServiceTable:
 
     mean_s: np.ndarray
     sigma: np.ndarray
+    jittered: bool
 
 
 class SimulatedPool:
@@ -146,10 +147,14 @@ class SimulatedPool:
         self._normals = np.zeros(0)
         self._records = np.zeros((0, k.NUM_REC_COLUMNS))
         self._record_chunks: list[np.ndarray] = []
+        self._routing_code = settings.routing.kernel_code
+        self._max_queue = settings.effective_max_queue
+        self._depth = 0  # total waiting, from the kernel's last report
+        self._largest_queue = 0  # an upper bound on the longest single queue
 
     @property
     def queue_depth(self) -> int:
-        return int(self._qlen.sum())
+        return self._depth
 
     def applicable(self, config: BatchConfig) -> BatchConfig:
         """The config as the pool can run it: clamped to the memory limit, noted once."""
@@ -163,11 +168,15 @@ class SimulatedPool:
         self, t_start: float, t_end: float, arrivals: np.ndarray, config: BatchConfig
     ) -> TickStats:
         """Run the pool from t_start to t_end under `config`, taking `arrivals` (sorted)."""
+        # Runs once per tick per policy: keep the Python side lean (no numpy reductions).
         config = self.applicable(config)
         table = self._service_table(config.max_batch_size)
-        incoming = arrivals.shape[0] + self.queue_depth
-        self._ensure_queue_capacity(arrivals.shape[0])
-        self._ensure_normals(incoming)
+        arriving = arrivals.shape[0]
+        incoming = arriving + self._depth
+        if self._largest_queue + arriving > self._qtime.shape[1]:
+            self._grow_queues(self._largest_queue + arriving)
+        if table.jittered:
+            self._ensure_normals(incoming)
         records = self._record_buffer(incoming)
         k.run_tick(
             float(t_start),
@@ -175,8 +184,8 @@ class SimulatedPool:
             arrivals,
             config.max_batch_size,
             config.timeout_s,
-            self.settings.effective_max_queue,
-            self.settings.routing.kernel_code,
+            self._max_queue,
+            self._routing_code,
             table.mean_s,
             table.sigma,
             self._normals,
@@ -195,7 +204,10 @@ class SimulatedPool:
             records,
         )
         self._keep_records(records)
-        return TickStats.from_vector(self._stats)
+        stats = TickStats.from_vector(self._stats)
+        self._depth = stats.queue_depth
+        self._largest_queue = stats.max_queue_depth if self._routing_code else stats.queue_depth
+        return stats
 
     @property
     def tick_histogram(self) -> np.ndarray:
@@ -214,13 +226,14 @@ class SimulatedPool:
             sizes = np.arange(max_batch + 1)
             mean = self.latency.mean_s(sizes)
             mean[0] = 0.0
-            table = ServiceTable(mean, self.latency.jitter_sigma(sizes))
+            sigma = self.latency.jitter_sigma(sizes)
+            table = ServiceTable(mean, sigma, bool(sigma.any()))
             self._tables[max_batch] = table
         return table
 
-    def _ensure_queue_capacity(self, arriving: int) -> None:
+    def _grow_queues(self, needed: int) -> None:
         cap = self._qtime.shape[1]
-        needed = min(int(self._qlen.max()) + arriving, self.settings.effective_max_queue)
+        needed = min(needed, self._max_queue)
         if needed <= cap:
             return
         new_cap = 1 << (needed - 1).bit_length()  # the kernel masks with capacity - 1

@@ -83,6 +83,7 @@ class RequestTrace:
         bounds = np.arange(0.0, self.duration_s + chunk_s, chunk_s)
         cuts = np.searchsorted(self.arrivals_s, bounds, side="left")
         cuts[-1] = self.arrivals_s.size
+        bounds[-1] = np.inf  # nothing follows the last chunk
         for end_s, start, stop in zip(bounds[1:], cuts[:-1], cuts[1:], strict=True):
             following = self.arrivals_s[stop] if stop < self.arrivals_s.size else -np.inf
             yield end_s, _rescale(self.arrivals_s[start:stop], following, self.rate_scale, rng)
@@ -136,7 +137,8 @@ class CountTrace:
         rates = self.counts * (self.rate_scale / self.step_s)
         for chunk_start in np.arange(0.0, self.duration_s, chunk_s):
             chunk_end = min(chunk_start + chunk_s, self.duration_s)
-            yield chunk_end, _poisson_arrivals(rates, self.step_s, chunk_start, chunk_end, rng)
+            arrivals = _poisson_arrivals(rates, self.step_s, chunk_start, chunk_end, rng)
+            yield (chunk_end if chunk_end < self.duration_s else np.inf), arrivals
 
 
 def _poisson_arrivals(
