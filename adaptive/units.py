@@ -78,6 +78,10 @@ def format_duration(seconds: float) -> str:
         return f"{seconds * 1e6:g}us"
     if seconds < 1:
         return f"{seconds * 1e3:g}ms"
+    if seconds >= 3600 and seconds % 3600 == 0:
+        return f"{seconds / 3600:g}h"
+    if seconds >= 60 and seconds % 60 == 0:
+        return f"{seconds / 60:g}m"
     return f"{seconds:g}s"
 
 

@@ -1,0 +1,39 @@
+"""`tidal`: the operator's command, one subcommand per job.
+
+Subcommands live beside the code they drive and register themselves here; each runs a
+handler that returns the exit status. User errors print one line and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from adaptive.errors import TidalError
+from simulations import trace_cli
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tidal", description="Tidal: forecast-driven batching for inference fleets."
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    trace_cli.add_parser(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except TidalError as error:
+        print(f"tidal: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("tidal: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
