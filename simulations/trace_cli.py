@@ -85,7 +85,7 @@ def events_yaml(day: PromoDay) -> str:
             "start": (day.spec.date + timedelta(seconds=sale.start_s)).isoformat(),
             "end": (day.spec.date + timedelta(seconds=sale.end_s)).isoformat(),
             "multiplier": round(float(sale.multiplier), 2),
-            "peak_rps": int(round(day.sale_peak_rps(sale))),
+            "peak_rps": round(day.sale_peak_rps(sale)),
             "ramp_up": format_duration(sale.ramp_up_s),
             "ramp_down": format_duration(sale.decay_s),
         }

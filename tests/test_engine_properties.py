@@ -1,6 +1,7 @@
 """Property tests: the compiled engine against the live batcher, and batching invariants."""
 
 import numpy as np
+import pytest
 from helpers import run_engine
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -127,3 +128,22 @@ def test_no_request_waits_past_its_timeout_while_a_worker_is_idle(gaps, config, 
                 w = int(row[k.REC_WORKER])
                 busy_until[w] = max(busy_until[w], row[k.REC_COMPLETED_AT])
             assert busy_until.min() >= dispatched - 1e-12
+
+
+def test_engine_histogram_matches_exact_latencies():
+    from adaptive.histogram import LatencyHistogram
+    from adaptive.policy import StaticPolicy
+    from simulations.engine import PoolSettings
+    from simulations.run import SimulationSettings, simulate
+    from simulations.traces import CountTrace
+
+    settings = SimulationSettings(PoolSettings(3, slo_s=0.02, record_requests=True), seed=1)
+    trace = CountTrace("t", 1.0, np.array([800.0, 3000.0, 200.0, 5000.0, 0.0, 900.0]))
+    latency = LinearLatency(0.002, 0.0003, sigma=0.2)
+    result = simulate(trace, [StaticPolicy(BatchConfig(16, 0.004))], settings, latency).results[0]
+    exact = result.records[:, k.REC_COMPLETED_AT] - result.records[:, k.REC_ARRIVED_AT]
+    expected = LatencyHistogram.from_samples(exact).summary()
+    assert result.latency.count == exact.size == result.completed
+    for field in ("p50_s", "p90_s", "p99_s", "p999_s", "max_s", "mean_s"):
+        assert getattr(result.latency, field) == pytest.approx(getattr(expected, field), rel=1e-9)
+    assert result.within_slo == int((exact <= 0.02).sum())

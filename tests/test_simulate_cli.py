@@ -1,0 +1,143 @@
+import json
+import subprocess
+import sys
+
+import pytest
+
+from simulations.cli import main
+
+POLICIES = [
+    "--policy",
+    "static:max_batch=4,timeout=2ms",
+    "--policy",
+    "static:max_batch=16,timeout=5ms",
+]
+
+
+@pytest.fixture
+def small_trace(tmp_path):
+    path = tmp_path / "small.csv"
+    path.write_text("timestamp,count\n" + "".join(f"{s},{200 + 50 * (s % 7)}\n" for s in range(60)))
+    return path
+
+
+def run_json(capsys, *argv):
+    assert main([*argv, "--json"]) == 0
+    out = capsys.readouterr().out
+    return json.loads(out)
+
+
+def test_json_summary_schema_and_side_by_side_policies(capsys, small_trace):
+    summary = run_json(capsys, "--trace", str(small_trace), "--workers", "2", *POLICIES)
+    assert summary["trace"] == "small.csv"
+    assert summary["workers"] == 2 and summary["slo_ms"] == 100
+    assert [p["policy"] for p in summary["policies"]] == [
+        "static:max_batch=4,timeout=2ms",
+        "static:max_batch=16,timeout=5ms",
+    ]
+    for policy in summary["policies"]:
+        assert policy["completed"] + policy["shed"] == summary["requests"]
+        assert set(policy["latency_ms"]) == {"p50", "p90", "p99", "p999", "max", "mean"}
+        assert (
+            policy["latency_ms"]["p50"]
+            <= policy["latency_ms"]["p99"]
+            <= policy["latency_ms"]["max"]
+        )
+        for key in (
+            "throughput_rps",
+            "slo_attainment",
+            "mean_batch_size",
+            "batch_fill_ratio",
+            "utilization",
+            "busy_seconds",
+            "wall_s",
+            "sim_requests_per_s",
+        ):
+            assert isinstance(policy[key], int | float), key
+    small, large = summary["policies"]
+    assert large["mean_batch_size"] > small["mean_batch_size"]
+
+
+def test_same_seed_same_answer(capsys, small_trace):
+    first = run_json(capsys, "--trace", str(small_trace), "--seed", "5")
+    second = run_json(capsys, "--trace", str(small_trace), "--seed", "5")
+
+    def strip(s):
+        return [
+            {k: v for k, v in p.items() if k not in ("wall_s", "sim_requests_per_s")}
+            for p in s["policies"]
+        ]
+
+    assert strip(first) == strip(second)
+
+
+def test_out_dir_gets_summary_timelines_and_plots(capsys, small_trace, tmp_path):
+    out = tmp_path / "out"
+    assert main(["--trace", str(small_trace), "--out", str(out), *POLICIES]) == 0
+    names = sorted(p.name for p in out.iterdir())
+    assert names == [
+        "arrival_rate.png",
+        "batching.png",
+        "p99.png",
+        "summary.json",
+        "timeline-static-max_batch-16-timeout-5ms.csv",
+        "timeline-static-max_batch-4-timeout-2ms.csv",
+    ]
+    timeline = (out / "timeline-static-max_batch-4-timeout-2ms.csv").read_text().splitlines()
+    assert timeline[0].startswith("start_s,end_s,arrivals,completed,shed,p50_ms,p99_ms")
+    assert len(timeline) == 1 + 6  # 60 s in 10 s windows
+    assert "wrote" in capsys.readouterr().out
+
+
+def test_memory_limit_clamps_and_says_so(capsys, small_trace):
+    model = "linear:5,0.4,device_memory=1GiB,parameter_memory=512MiB,sample_memory=64MiB"
+    summary = run_json(
+        capsys,
+        "--trace",
+        str(small_trace),
+        "--latency-model",
+        model,
+        "--policy",
+        "static:max_batch=32,timeout=5ms",
+    )
+    assert summary["policies"][0]["clamped_max_batch"] == {"requested": 32, "applied": 8}
+    assert any("exceeds the memory limit; ran with 8" in n for n in summary["notes"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--trace", "missing.csv"], "missing.csv: no such trace file"),
+        (["--policy", "static:max_batch=0"], "max_batch_size must be >= 1, got 0"),
+        (["--policy", "bogus"], "unknown policy 'bogus'"),
+        (["--policy", "static:size=3"], "unknown option 'size'"),
+        (["--latency-model", "linear:5"], "expected linear:BASE_MS,PER_ITEM_MS"),
+    ],
+)
+def test_user_errors_are_one_line_and_exit_2(capsys, small_trace, argv, message):
+    argv = argv if "--trace" in argv else ["--trace", str(small_trace), *argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and err.count("\n") == 0 and err.startswith("simulate: error:")
+
+
+def test_bad_flag_value_exits_2_without_traceback():
+    result = subprocess.run(
+        [sys.executable, "-m", "simulations.cli", "--slo", "fast"], capture_output=True, text=True
+    )
+    assert result.returncode == 2
+    assert "argument --slo" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_malformed_trace_through_the_command_line(tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("timestamp,count\n0,1\n1,x\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "simulations.cli", "--trace", str(bad)],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.strip() == (
+        f"simulate: error: {bad}:3: cannot parse 'count' as a number in row '1,x'"
+    )
