@@ -97,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="policy spec, repeatable, e.g. static:max_batch=32,timeout=10ms "
         f"(default: {' '.join(DEFAULT_POLICIES)})",
     )
-    fleet.add_argument("--workers", type=_positive_int, default=8, help="workers (default 8)")
+    fleet.add_argument("--workers", type=_positive_int, default=10, help="workers (default 10)")
     fleet.add_argument(
         "--routing",
         choices=[r.value for r in Routing],
