@@ -10,8 +10,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from adaptive.errors import TidalError
 from simulations import trace_cli
+from simulations.cli import run_reporting_errors
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,14 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        return args.handler(args)
-    except TidalError as error:
-        print(f"tidal: error: {error}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("tidal: interrupted", file=sys.stderr)
-        return 130
+    return run_reporting_errors("tidal", lambda: args.handler(args))
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from tqdm import tqdm
@@ -133,13 +133,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    return run_reporting_errors("simulate", lambda: _run(args))
+
+
+def run_reporting_errors(prog: str, command: Callable[[], int]) -> int:
+    """Run a command's body; a user's mistake becomes one line on stderr and exit 2."""
     try:
-        return _run(args)
+        return command()
     except TidalError as error:
-        print(f"simulate: error: {error}", file=sys.stderr)
+        print(f"{prog}: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("simulate: interrupted", file=sys.stderr)
+        print(f"{prog}: interrupted", file=sys.stderr)
         return 130
 
 

@@ -43,11 +43,9 @@ def _service(size: int, batch: int) -> float:
     return float(LATENCY.mean_s(np.arange(size + 1))[size])
 
 
-@settings(max_examples=150, deadline=None)
-@given(scenarios())
-def test_engine_matches_live_batcher(scenario):
+def _run_engine(scenario) -> np.ndarray:
     arrivals, schedule, workers, routing, max_queue = scenario
-    fast = run_engine(
+    return run_engine(
         arrivals,
         _config_for(schedule),
         latency=LATENCY,
@@ -56,6 +54,13 @@ def test_engine_matches_live_batcher(scenario):
         routing=routing,
         max_queue=max_queue,
     )
+
+
+@settings(max_examples=150, deadline=None)
+@given(scenarios())
+def test_engine_matches_live_batcher(scenario):
+    arrivals, schedule, workers, routing, max_queue = scenario
+    fast = _run_engine(scenario)
     slow = replay_reference(
         arrivals.tolist(), _config_for(schedule), TICK_S, workers, _service, routing, max_queue
     )
@@ -71,16 +76,8 @@ def test_engine_matches_live_batcher(scenario):
 @settings(max_examples=150, deadline=None)
 @given(scenarios())
 def test_batching_invariants(scenario):
-    arrivals, schedule, workers, routing, max_queue = scenario
-    records = run_engine(
-        arrivals,
-        _config_for(schedule),
-        latency=LATENCY,
-        workers=workers,
-        tick_s=TICK_S,
-        routing=routing,
-        max_queue=max_queue,
-    )
+    arrivals, schedule, _, routing, max_queue = scenario
+    records = _run_engine(scenario)
     # Every request completes or is shed, exactly once.
     assert records[:, k.REC_ID].tolist() == list(range(arrivals.size))
     served = records[~np.isnan(records[:, k.REC_DISPATCHED_AT])]
