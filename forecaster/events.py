@@ -1,0 +1,214 @@
+"""Operator-declared traffic events: known spikes folded into the statistical forecast.
+
+Operators know their calendar (a flash sale at 20:00). An `Event` scales the forecast by
+its multiplier (or replaces it with an absolute rate) over its window, ramping up and
+down linearly, and widens the band for the uncertainty of that multiplier. Observations
+inside an event are divided by its multiplier before the model sees them, so the model
+keeps learning the usual level and never takes the spike for a new normal.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from adaptive.errors import InvalidInput
+from adaptive.units import parse_duration_s
+from forecaster.forecast import Forecast
+from forecaster.models import Forecaster, _Clock
+from forecaster.series import RateSeries, epoch_seconds
+
+EVENT_UNCERTAINTY = 0.3
+"""Relative uncertainty of an event's lift: the band spans +-30% of (multiplier - 1)."""
+
+
+@dataclass(frozen=True)
+class Event:
+    """A declared event; times in the series' clock (Unix seconds for dated traces)."""
+
+    name: str
+    start_s: float
+    end_s: float
+    multiplier: float | None = None
+    rate_rps: float | None = None
+    ramp_up_s: float = 0.0
+    ramp_down_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        where = f"event {self.name!r}"
+        if self.end_s <= self.start_s:
+            raise InvalidInput(f"{where}: end must be after start")
+        if (self.multiplier is None) == (self.rate_rps is None):
+            raise InvalidInput(f"{where}: give exactly one of multiplier or rate_rps")
+        if self.multiplier is not None and self.multiplier <= 0:
+            raise InvalidInput(f"{where}: multiplier must be > 0, got {self.multiplier}")
+        if self.rate_rps is not None and self.rate_rps < 0:
+            raise InvalidInput(f"{where}: rate_rps must be >= 0, got {self.rate_rps}")
+        if self.ramp_up_s + self.ramp_down_s > self.end_s - self.start_s:
+            raise InvalidInput(f"{where}: ramp_up + ramp_down exceed the event's duration")
+
+    def weight(self, times_s: np.ndarray) -> np.ndarray:
+        """0 outside the event, 1 at full strength, linear on the ramps."""
+        up = np.clip((times_s - self.start_s) / max(self.ramp_up_s, 1e-9), 0.0, 1.0)
+        down = np.clip((self.end_s - times_s) / max(self.ramp_down_s, 1e-9), 0.0, 1.0)
+        inside = (times_s >= self.start_s) & (times_s < self.end_s)
+        return np.where(inside, np.minimum(up, down), 0.0)
+
+
+def multiplier_at(events: tuple[Event, ...], times_s: np.ndarray) -> np.ndarray:
+    """The combined multiplicative lift of the multiplier events (1 where none applies)."""
+    lift = np.ones_like(times_s, dtype=np.float64)
+    for event in events:
+        if event.multiplier is not None:
+            lift *= 1.0 + (event.multiplier - 1.0) * event.weight(times_s)
+    return lift
+
+
+def apply_events(forecast: Forecast, events: tuple[Event, ...]) -> Forecast:
+    """Scale (or replace) the forecast inside declared events and widen its band there."""
+    times = forecast.times_s + forecast.step_s / 2
+    lift = multiplier_at(events, times)
+    extra = np.abs(lift - 1.0) * EVENT_UNCERTAINTY
+    mean, lower, upper = (
+        forecast.mean * lift,
+        forecast.lower * (lift - extra),
+        forecast.upper * (lift + extra),
+    )
+    active = [e.name for e in events if np.any(e.weight(times) > 0)]
+    for event in events:
+        if event.rate_rps is None:
+            continue
+        w = event.weight(times)
+        target = event.rate_rps * forecast.step_s
+        mean = (1 - w) * mean + w * target
+        lower = (1 - w) * lower + w * target * (1 - EVENT_UNCERTAINTY)
+        upper = (1 - w) * upper + w * target * (1 + EVENT_UNCERTAINTY)
+    return Forecast(
+        forecast.times_s,
+        forecast.step_s,
+        mean,
+        lower,
+        upper,
+        forecast.level,
+        forecast.model,
+        forecast.fitted_at_s,
+        forecast.fallback,
+        tuple(active),
+    ).clipped()
+
+
+def remove_events(values: np.ndarray, times_s: np.ndarray, events: tuple[Event, ...]) -> np.ndarray:
+    """Observations as they would have been without the events (NaN under a fixed rate)."""
+    usual = values / multiplier_at(events, times_s)
+    for event in events:
+        if event.rate_rps is not None:
+            usual[event.weight(times_s) > 0] = np.nan
+    return usual
+
+
+@dataclass(frozen=True)
+class EventAware:
+    """Wraps any forecaster with declared events."""
+
+    inner: Forecaster
+    events: tuple[Event, ...]
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    def fit(self, series: RateSeries) -> FittedEventAware:
+        times = series.times_s() + series.step_s / 2
+        cleaned = RateSeries(
+            series.start_s, series.step_s, remove_events(series.counts, times, self.events)
+        )
+        end = series.start_s + len(series) * series.step_s
+        return FittedEventAware(
+            self.inner.fit(cleaned), self.events, _Clock(end, series.step_s, end)
+        )
+
+
+@dataclass
+class FittedEventAware:
+    inner: object
+    events: tuple[Event, ...]
+    clock: _Clock
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    def update(self, values: np.ndarray) -> None:
+        times = self.clock.ahead(len(values)) + self.clock.step_s / 2
+        self.inner.update(remove_events(np.asarray(values, dtype=np.float64), times, self.events))
+        self.clock.advance(len(values))
+
+    def predict(self, steps: int, level: float = 0.9) -> Forecast:
+        return apply_events(self.inner.predict(steps, level), self.events)
+
+
+def load_events(path: str | Path) -> tuple[Event, ...]:
+    """Events from YAML or JSON: `{"events": [{name, start, end, multiplier | rate_rps,
+    ramp_up, ramp_down}, ...]}` (a bare list works too). Times are ISO-8601 date-times
+    (naive means UTC) or Unix seconds; durations take units ("90s", "20m")."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+        document = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
+    except FileNotFoundError:
+        raise InvalidInput(f"{path}: no such events file") from None
+    except (OSError, ValueError, yaml.YAMLError) as error:
+        raise InvalidInput(f"{path}: not readable as YAML or JSON ({error})") from None
+    entries = document.get("events") if isinstance(document, dict) else document
+    if not isinstance(entries, list):
+        raise InvalidInput(f"{path}: expected a list of events under 'events'")
+    return tuple(_event(entry, f"{path}: event {i + 1}") for i, entry in enumerate(entries))
+
+
+def _event(entry: object, where: str) -> Event:
+    if not isinstance(entry, dict):
+        raise InvalidInput(f"{where}: expected a mapping of fields")
+    try:
+        name = str(entry.get("name", where))
+        return Event(
+            name=name,
+            start_s=_moment(entry["start"], f"{where} start"),
+            end_s=_moment(entry["end"], f"{where} end"),
+            multiplier=_optional_float(entry.get("multiplier"), f"{where} multiplier"),
+            rate_rps=None
+            if entry.get("multiplier") is not None
+            else _optional_float(entry.get("rate_rps"), f"{where} rate_rps"),
+            ramp_up_s=parse_duration_s(entry.get("ramp_up", 0), field=f"{where} ramp_up"),
+            ramp_down_s=parse_duration_s(entry.get("ramp_down", 0), field=f"{where} ramp_down"),
+        )
+    except KeyError as missing:
+        raise InvalidInput(f"{where}: missing field {missing.args[0]!r}") from None
+    except InvalidInput as error:
+        if where in str(error):
+            raise
+        raise InvalidInput(f"{where}: {error}") from None
+
+
+def _moment(value: object, where: str) -> float:
+    if isinstance(value, datetime):
+        return epoch_seconds(value)
+    if isinstance(value, int | float):
+        return float(value)
+    try:
+        return epoch_seconds(datetime.fromisoformat(str(value)))
+    except ValueError:
+        raise InvalidInput(f"{where}: not an ISO-8601 time or Unix seconds: {value!r}") from None
+
+
+def _optional_float(value: object, where: str) -> float | None:
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise InvalidInput(f"{where}: expected a number, got {value!r}") from None

@@ -1,0 +1,108 @@
+"""Forecaster specs (`holt-winters:seasonal=mul`, `seasonal-naive:period=1w`, `auto`)
+and the `auto` model that picks per series by rolling backtest error."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from adaptive.errors import InvalidInput
+from adaptive.specs import parse_policy_spec
+from adaptive.units import parse_duration_s
+from forecaster.forecast import Forecast
+from forecaster.models import (
+    DAY_S,
+    FittedForecaster,
+    Forecaster,
+    Holt,
+    HoltWinters,
+    MstlHolt,
+    SeasonalNaive,
+)
+from forecaster.series import RateSeries
+
+MODEL_NAMES = ("seasonal-naive", "holt", "holt-winters", "mstl", "auto")
+
+
+def build_forecaster(text: str) -> Forecaster:
+    """A forecaster from its spec; errors name the spec and the option."""
+    spec = parse_policy_spec(text)  # the same NAME:KEY=VALUE grammar as policies
+    options = dict(spec.options)
+
+    def take_duration(key: str, default: float) -> float:
+        return parse_duration_s(options.pop(key), field=key) if key in options else default
+
+    if spec.name == "seasonal-naive":
+        model: Forecaster = SeasonalNaive(take_duration("period", DAY_S))
+    elif spec.name == "holt":
+        model = Holt()
+    elif spec.name == "holt-winters":
+        seasonal = options.pop("seasonal", "add")
+        if seasonal not in ("add", "mul"):
+            raise InvalidInput(f"forecaster {text!r}: seasonal must be add or mul")
+        model = HoltWinters(take_duration("period", DAY_S), seasonal == "mul")
+    elif spec.name == "mstl":
+        model = MstlHolt()
+    elif spec.name == "auto":
+        model = Auto()
+    else:
+        raise InvalidInput(f"unknown forecaster {spec.name!r} (known: {', '.join(MODEL_NAMES)})")
+    if options:
+        raise InvalidInput(f"forecaster {text!r}: unknown option {sorted(options)[0]!r}")
+    return model
+
+
+@dataclass(frozen=True)
+class Auto:
+    """Fits every candidate on all but the last part of the history, replays that part
+    with update + predict, and keeps the candidate with the lowest error."""
+
+    candidates: tuple[Forecaster, ...] = (SeasonalNaive(), Holt(), HoltWinters(), MstlHolt())
+    horizon_steps: int = 10
+    name: str = "auto"
+
+    def fit(self, series: RateSeries) -> FittedForecaster:
+        holdout = min(max(len(series) // 5, self.horizon_steps * 5), len(series) // 2)
+        train = series.slice(0, len(series) - holdout)
+        errors = {
+            m.name: _replay_error(m, train, series.counts[-holdout:], self.horizon_steps)
+            for m in self.candidates
+        }
+        best = min(self.candidates, key=lambda m: errors[m.name])
+        return _Picked(best.fit(series), f"auto: {best.name}", errors)
+
+
+def _replay_error(model: Forecaster, train: RateSeries, future: np.ndarray, horizon: int) -> float:
+    fitted = model.fit(train)
+    errors = []
+    for i in range(0, future.size - horizon, max(1, horizon // 2)):
+        forecast = fitted.predict(horizon)
+        errors.append(np.nanmean(np.abs(forecast.mean - future[i : i + horizon])))
+        fitted.update(future[i : i + max(1, horizon // 2)])
+    return float(np.mean(errors)) if errors else float("inf")
+
+
+@dataclass
+class _Picked:
+    inner: FittedForecaster
+    name: str
+    errors: dict[str, float]
+
+    def update(self, values: np.ndarray) -> None:
+        self.inner.update(values)
+
+    def predict(self, steps: int, level: float = 0.9) -> Forecast:
+        forecast = self.inner.predict(steps, level)
+        return Forecast(
+            forecast.times_s,
+            forecast.step_s,
+            forecast.mean,
+            forecast.lower,
+            forecast.upper,
+            forecast.level,
+            self.name,
+            forecast.fitted_at_s,
+            forecast.fallback,
+            forecast.events,
+        )
