@@ -76,7 +76,7 @@ def resample_arrivals(
 ) -> RateSeries:
     """Count request timestamps (seconds from start_s) per step."""
     duration_s = duration_s if duration_s is not None else float(arrivals_s.max(initial=0.0))
-    steps = max(1, math.ceil(duration_s / step_s + 1e-9))
+    steps = max(1, math.ceil(duration_s / step_s - 1e-9))
     index = np.minimum((arrivals_s // step_s).astype(np.int64), steps - 1)
     return RateSeries(start_s, step_s, np.bincount(index, minlength=steps).astype(np.float64))
 
