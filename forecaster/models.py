@@ -70,6 +70,23 @@ class _Clock:
     def ahead(self, steps: int) -> np.ndarray:
         return self.next_time_s + self.step_s * np.arange(steps)
 
+    def forecast(
+        self, mean: np.ndarray, spread: np.ndarray, level: float, model: str, fallback: str | None
+    ) -> Forecast:
+        """A symmetric band of +-spread around mean, starting at the next step."""
+        times = self.ahead(mean.size)
+        return Forecast(
+            times,
+            self.step_s,
+            mean,
+            mean - spread,
+            mean + spread,
+            level,
+            model,
+            self.fitted_at_s,
+            fallback,
+        ).clipped()
+
 
 def _clock_after(series: RateSeries) -> _Clock:
     end = series.start_s + len(series) * series.step_s
@@ -122,17 +139,7 @@ class FittedSeasonalNaive:
         ahead = np.arange(steps)
         mean = self.last_season[(self.position + ahead) % period]
         spread = z_score(level) * self.sigma * np.sqrt(ahead // period + 1)
-        return Forecast(
-            self.clock.ahead(steps),
-            self.clock.step_s,
-            mean,
-            mean - spread,
-            mean + spread,
-            level,
-            self.name,
-            self.clock.fitted_at_s,
-            self.fallback,
-        ).clipped()
+        return self.clock.forecast(mean, spread, level, self.name, self.fallback)
 
 
 # --- exponential smoothing ----------------------------------------------------------
@@ -250,17 +257,7 @@ class FittedSmoothing:
             phases = (self.profile_position + np.arange(steps)) % self.profile.size
             mean = mean + self.profile[phases]
         spread = self.state.spread(steps, z_score(level))
-        return Forecast(
-            self.clock.ahead(steps),
-            self.clock.step_s,
-            mean,
-            mean - spread,
-            mean + spread,
-            level,
-            self.name,
-            self.clock.fitted_at_s,
-            self.fallback,
-        ).clipped()
+        return self.clock.forecast(mean, spread, level, self.name, self.fallback)
 
 
 @dataclass(frozen=True)
