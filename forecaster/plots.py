@@ -22,7 +22,11 @@ def plot_backtest(results: list[BacktestResult], series, path: Path) -> None:
         ax.plot(hours, result.actual * rate, lw=0.7, color="black", label="actual")
         ax.plot(hours, result.mean * rate, lw=0.7, label="forecast")
         ax.fill_between(hours, result.lower * rate, result.upper * rate, alpha=0.3, label="band")
-        ax.set(ylabel="req/s", title=f"{result.model}: coverage {result.coverage:.0%}")
+        ax.set(
+            ylabel="req/s",
+            xlabel="hours since the first origin",
+            title=f"{result.model}: forecast at the full horizon, coverage {result.coverage:.0%}",
+        )
         ax.legend(fontsize=7, loc="upper left")
     for result in results:
         steps = np.arange(1, result.per_horizon_mae.size + 1) * series.step_s / 60
