@@ -20,7 +20,7 @@ import yaml
 from adaptive.errors import InvalidInput
 from adaptive.units import parse_duration_s
 from forecaster.forecast import Forecast
-from forecaster.models import Forecaster, _Clock
+from forecaster.models import Forecaster, StepClock
 from forecaster.series import RateSeries, epoch_seconds
 
 EVENT_UNCERTAINTY = 0.3
@@ -129,7 +129,7 @@ class EventAware:
         )
         end = series.start_s + len(series) * series.step_s
         return FittedEventAware(
-            self.inner.fit(cleaned), self.events, _Clock(end, series.step_s, end)
+            self.inner.fit(cleaned), self.events, StepClock(end, series.step_s, end)
         )
 
 
@@ -137,7 +137,7 @@ class EventAware:
 class FittedEventAware:
     inner: object
     events: tuple[Event, ...]
-    clock: _Clock
+    clock: StepClock
 
     @property
     def name(self) -> str:

@@ -57,7 +57,7 @@ def z_score(level: float) -> float:
 
 
 @dataclass
-class _Clock:
+class StepClock:
     """Where a fitted model is in time: the start of the next step it will see."""
 
     next_time_s: float
@@ -88,9 +88,9 @@ class _Clock:
         ).clipped()
 
 
-def _clock_after(series: RateSeries) -> _Clock:
+def _clock_after(series: RateSeries) -> StepClock:
     end = series.start_s + len(series) * series.step_s
-    return _Clock(end, series.step_s, end)
+    return StepClock(end, series.step_s, end)
 
 
 # --- seasonal naive ---------------------------------------------------------------
@@ -120,7 +120,7 @@ class SeasonalNaive:
 @dataclass
 class FittedSeasonalNaive:
     name: str
-    clock: _Clock
+    clock: StepClock
     last_season: np.ndarray
     sigma: float
     fallback: str | None
@@ -235,7 +235,7 @@ class FittedSmoothing:
     """Holt or Holt-Winters after fitting; also the remainder model of MSTL."""
 
     name: str
-    clock: _Clock
+    clock: StepClock
     state: SmoothingState
     fallback: str | None = None
     profile: np.ndarray = field(default_factory=lambda: np.zeros(0))

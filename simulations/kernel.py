@@ -15,7 +15,7 @@ is left for the next call, which may run a new config: that is how a config chan
 takes effect at the next batch formation without touching the queue.
 
 State lives in arrays owned by `simulations.engine.PoolState`, so the loop keeps no
-Python objects and numba compiles it to a tight loop (about 30-60 ns a request).
+Python objects and numba compiles it to a tight loop (about 20-40 ns a request).
 """
 
 import math
