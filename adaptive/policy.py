@@ -8,9 +8,14 @@ plane get the same decisions from the same inputs.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from adaptive.config import BatchConfig
+from adaptive.optimizer import Alternative
+
+if TYPE_CHECKING:
+    from forecaster.forecast import Forecast
+    from forecaster.models import Forecaster
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,10 +33,32 @@ class Observation:
     mean_batch_size: float | None
     batch_fill_ratio: float | None
     utilization: float
+    batches: int = 0
+    busy_s: float = 0.0
 
     @property
     def arrival_rate_rps(self) -> float:
         return self.arrivals / self.window_s
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "rate_rps": round(self.arrival_rate_rps, 3),
+            "queue_depth": self.queue_depth,
+            "p50_ms": _ms(self.latency_p50_s),
+            "p99_ms": _ms(self.latency_p99_s),
+            "mean_batch_size": None
+            if self.mean_batch_size is None
+            else round(self.mean_batch_size, 3),
+            "batch_fill_ratio": None
+            if self.batch_fill_ratio is None
+            else round(self.batch_fill_ratio, 4),
+            "utilization": round(self.utilization, 4),
+            "shed": self.shed,
+        }
+
+
+def _ms(value_s: float | None) -> float | None:
+    return None if value_s is None else round(value_s * 1e3, 3)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,14 +71,36 @@ class Snapshot:
     slo_s: float
     workers: int
     warmed_buckets: tuple[int, ...] = ()
+    warmup_s: float = 0.0
+    tick_s: float = 1.0
+    forecast: Forecast | None = None
+
+    @property
+    def warm_cap(self) -> int:
+        """The largest batch the workers can serve now without warming anything."""
+        return self.warmed_buckets[-1] if self.warmed_buckets else self.config.max_batch_size
+
+    @property
+    def serving_cap(self) -> int:
+        """The cap in force: the one asked for, as far as warmed buckets allow."""
+        return min(self.config.max_batch_size, self.warm_cap)
 
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """A policy's answer: the config to run, and a sentence a person can read about why."""
+    """A policy's answer: the config to run, and a sentence a person can read about why.
+
+    Policies that predict say what they expect (`predicted_p99_s`), for which load
+    (`planned_rate_rps`), and what else they weighed (`alternatives`). A policy that
+    cuts its cap because latency already missed marks the move `protective`.
+    """
 
     config: BatchConfig
     reason: str
+    predicted_p99_s: float | None = None
+    planned_rate_rps: float | None = None
+    alternatives: tuple[Alternative, ...] = ()
+    protective: bool = False  # a move made to protect latency: guards apply it at once
 
 
 class Policy(Protocol):
@@ -67,6 +116,18 @@ class Policy(Protocol):
         ...
 
     def decide(self, snapshot: Snapshot) -> Decision: ...
+
+
+@runtime_checkable
+class ForecastingPolicy(Policy, Protocol):
+    """A policy that needs a forecast of the load in its snapshots."""
+
+    forecaster: Forecaster
+    forecast_step_s: float
+
+    def horizon_s(self, warmup_s: float, tick_s: float) -> float:
+        """How far ahead the forecast must reach, given warm-up time and the tick."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)

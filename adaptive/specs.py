@@ -9,10 +9,16 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from adaptive.aimd import AimdPolicy
 from adaptive.config import BatchConfig
 from adaptive.errors import InvalidInput
+from adaptive.optimizer import ConfigOptimizer, PerformanceTable
 from adaptive.policy import Policy, StaticPolicy
+from adaptive.predictive import PredictivePolicy
+from adaptive.reactive import ReactivePolicy
 from adaptive.units import parse_duration_s
+from forecaster.known import KnownFuture
+from forecaster.series import RateSeries
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,12 +30,22 @@ class PolicySpec:
     text: str
 
 
-@dataclass(frozen=True, slots=True)
+TableProvider = Callable[[float], PerformanceTable]
+"""Builds the optimiser's table for an SLO (the shell knows the latency model and pool)."""
+
+
+@dataclass(frozen=True)
 class PolicyContext:
-    """What a factory may need beyond the spec's own options."""
+    """What a factory may need beyond the spec's own options.
+
+    `table` compiles the optimiser's performance table (simulation-backed, supplied by
+    the shell); `truth` is the recorded future, which only the simulator has.
+    """
 
     slo_s: float
     workers: int
+    table: TableProvider | None = None
+    truth: RateSeries | None = None
 
 
 PolicyFactory = Callable[[PolicySpec, PolicyContext], Policy]
@@ -50,20 +66,116 @@ def parse_policy_spec(text: str) -> PolicySpec:
     return PolicySpec(name.strip(), options, text.strip())
 
 
-def _static(spec: PolicySpec, context: PolicyContext) -> Policy:
-    _reject_unknown(spec, {"max_batch", "timeout"})
-    max_batch_text = spec.options.get("max_batch", "32")
+def _int(spec: PolicySpec, key: str, default: int) -> int:
+    text = spec.options.get(key)
+    if text is None:
+        return default
     try:
-        max_batch = int(max_batch_text)
+        return int(text)
     except ValueError:
         raise InvalidInput(
-            f"policy {spec.text!r}: max_batch must be an integer, got {max_batch_text!r}"
+            f"policy {spec.text!r}: {key} must be an integer, got {text!r}"
         ) from None
-    timeout_s = parse_duration_s(spec.options.get("timeout", "10ms"), field="timeout")
+
+
+def _float(spec: PolicySpec, key: str, default: float) -> float:
+    text = spec.options.get(key)
+    if text is None:
+        return default
     try:
-        return StaticPolicy(BatchConfig(max_batch, timeout_s))
+        return float(text)
+    except ValueError:
+        raise InvalidInput(f"policy {spec.text!r}: {key} must be a number, got {text!r}") from None
+
+
+def _duration(spec: PolicySpec, key: str, default: float) -> float:
+    text = spec.options.get(key)
+    if text is None:
+        return default
+    try:
+        return parse_duration_s(text, field=key)
     except InvalidInput as error:
         raise InvalidInput(f"policy {spec.text!r}: {error}") from None
+
+
+def _built(spec: PolicySpec, build: Callable[[], Policy]) -> Policy:
+    try:
+        return build()
+    except InvalidInput as error:
+        if spec.text in str(error):
+            raise
+        raise InvalidInput(f"policy {spec.text!r}: {error}") from None
+
+
+def _static(spec: PolicySpec, context: PolicyContext) -> Policy:
+    _reject_unknown(spec, {"max_batch", "timeout"})
+    max_batch = _int(spec, "max_batch", 32)
+    timeout_s = _duration(spec, "timeout", 0.01)
+    return _built(spec, lambda: StaticPolicy(BatchConfig(max_batch, timeout_s)))
+
+
+def _aimd(spec: PolicySpec, context: PolicyContext) -> Policy:
+    _reject_unknown(spec, {"start", "step", "backoff", "timeout", "max_batch", "fill"})
+    return _built(
+        spec,
+        lambda: AimdPolicy(
+            timeout_s=_duration(spec, "timeout", context.slo_s / 20),
+            start=_int(spec, "start", 8),
+            step=_int(spec, "step", 4),
+            backoff=_float(spec, "backoff", 0.9),
+            fill=_float(spec, "fill", 0.8),
+            max_batch=_int(spec, "max_batch", 256),
+        ),
+    )
+
+
+def _reactive(spec: PolicySpec, context: PolicyContext) -> Policy:
+    _reject_unknown(spec, {"utilization", "max_batch"})
+    return _built(
+        spec,
+        lambda: ReactivePolicy(
+            utilization=_float(spec, "utilization", 0.75), max_batch=_int(spec, "max_batch", 256)
+        ),
+    )
+
+
+PLANNING_OPTIONS = {"lead", "slo", "margin", "step"}
+
+
+def _optimizer(spec: PolicySpec, context: PolicyContext) -> ConfigOptimizer:
+    if context.table is None:
+        raise InvalidInput(f"policy {spec.text!r} needs a latency model to plan with")
+    slo_s = _duration(spec, "slo", context.slo_s)
+    return _built(
+        spec, lambda: ConfigOptimizer(context.table(slo_s), slo_s, _float(spec, "margin", 0.8))
+    )
+
+
+def _planning(spec: PolicySpec, context: PolicyContext, forecaster, name: str) -> Policy:
+    lead = spec.options.get("lead", "auto")
+    return PredictivePolicy(
+        optimizer=_optimizer(spec, context),
+        forecaster=forecaster,
+        forecast_step_s=_duration(spec, "step", 10.0),
+        lead_s=None if lead == "auto" else _duration(spec, "lead", 0.0),
+        name=name,
+        spec_text=spec.text,
+    )
+
+
+def _predictive(spec: PolicySpec, context: PolicyContext) -> Policy:
+    from forecaster.registry import build_forecaster  # the registry imports this module
+
+    _reject_unknown(spec, PLANNING_OPTIONS | {"forecaster"})
+    forecaster = _built(spec, lambda: build_forecaster(spec.options.get("forecaster", "holt")))
+    return _planning(spec, context, forecaster, "predictive")
+
+
+def _oracle(spec: PolicySpec, context: PolicyContext) -> Policy:
+    _reject_unknown(spec, PLANNING_OPTIONS)
+    if context.truth is None:
+        raise InvalidInput(f"policy {spec.text!r} sees the recorded future: simulation only")
+    return _planning(spec, context, KnownFuture(context.truth), "oracle")
 
 
 def _reject_unknown(spec: PolicySpec, known: set[str]) -> None:
@@ -75,7 +187,13 @@ def _reject_unknown(spec: PolicySpec, known: set[str]) -> None:
         )
 
 
-POLICY_FACTORIES: dict[str, PolicyFactory] = {"static": _static}
+POLICY_FACTORIES: dict[str, PolicyFactory] = {
+    "static": _static,
+    "aimd": _aimd,
+    "reactive": _reactive,
+    "predictive": _predictive,
+    "oracle": _oracle,
+}
 
 
 def build_policy(text: str, context: PolicyContext) -> Policy:

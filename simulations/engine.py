@@ -22,6 +22,7 @@ from adaptive.histogram import (
     NUM_BUCKETS,
 )
 from adaptive.latency import LatencyModel, max_feasible_batch
+from adaptive.warmup import WarmupStatus, WarmupTracker, bucket_for
 from simulations import kernel as k
 
 SAFETY_QUEUE_LIMIT = 5_000_000
@@ -54,6 +55,7 @@ class PoolSettings:
     routing: Routing = Routing.SHARED
     max_queue: int | None = None
     record_requests: bool = False
+    warmup_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -62,6 +64,8 @@ class PoolSettings:
             raise InvalidInput(f"max_queue must be >= 1, got {self.max_queue}")
         if self.slo_s <= 0:
             raise InvalidInput(f"slo must be > 0, got {self.slo_s}")
+        if not 0 <= self.warmup_s < float("inf"):
+            raise InvalidInput(f"warmup must be a finite duration >= 0, got {self.warmup_s}")
 
     @property
     def num_queues(self) -> int:
@@ -151,6 +155,9 @@ class SimulatedPool:
         self._max_queue = settings.effective_max_queue
         self._depth = 0  # total waiting, from the kernel's last report
         self._largest_queue = 0  # an upper bound on the longest single queue
+        self._warmup: WarmupTracker | None = None  # made on the first tick, warm for its cap
+        self._requested_cap = 0
+        self._padded = settings.warmup_s > 0
 
     @property
     def queue_depth(self) -> int:
@@ -164,12 +171,31 @@ class SimulatedPool:
         self.clamped_from = max(self.clamped_from or 0, config.max_batch_size)
         return BatchConfig(cap, config.timeout_s)
 
+    def serving(self, config: BatchConfig, now: float) -> BatchConfig:
+        """The config the workers run at `now` when asked for `config`: clamped to memory,
+        and, with warm-up on, to the buckets warmed so far."""
+        config = self.applicable(config)
+        if not self._padded:
+            return config
+        cap = config.max_batch_size
+        if self._warmup is None:
+            self._warmup = WarmupTracker(self.settings.warmup_s, cap)
+        if cap != self._requested_cap:
+            self._warmup.request(cap, now)
+            self._requested_cap = cap
+        served = self._warmup.effective_cap(cap, now)
+        return config if served == cap else BatchConfig(served, config.timeout_s)
+
+    def warmup_status(self, now: float) -> WarmupStatus | None:
+        """Warmed and warming buckets; None when warm-up is not modelled."""
+        return None if self._warmup is None else self._warmup.status(now)
+
     def advance(
         self, t_start: float, t_end: float, arrivals: np.ndarray, config: BatchConfig
     ) -> TickStats:
         """Run the pool from t_start to t_end under `config`, taking `arrivals` (sorted)."""
         # Runs once per tick per policy: keep the Python side lean (no numpy reductions).
-        config = self.applicable(config)
+        config = self.serving(config, t_start)
         table = self._service_table(config.max_batch_size)
         arriving = arrivals.shape[0]
         incoming = arriving + self._depth
@@ -224,12 +250,19 @@ class SimulatedPool:
         table = self._tables.get(max_batch)
         if table is None:
             sizes = np.arange(max_batch + 1)
+            if self._padded:  # a batch runs at the cost of the bucket it is padded to
+                sizes = self._padded_sizes(sizes)
             mean = self.latency.mean_s(sizes)
             mean[0] = 0.0
             sigma = self.latency.jitter_sigma(sizes)
             table = ServiceTable(mean, sigma, bool(sigma.any()))
             self._tables[max_batch] = table
         return table
+
+    def _padded_sizes(self, sizes: np.ndarray) -> np.ndarray:
+        limit = self.max_feasible_batch
+        padded = np.array([bucket_for(int(n)) for n in sizes])
+        return padded if limit is None else np.minimum(padded, limit)
 
     def _grow_queues(self, needed: int) -> None:
         cap = self._qtime.shape[1]

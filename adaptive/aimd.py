@@ -1,0 +1,72 @@
+"""`aimd`: Clipper's reactive batch-size control, the field's best-known adaptive baseline.
+
+Additive increase of the batch cap while the observed p99 is under the SLO, a
+multiplicative decrease when it misses. The cap grows only while batches fill it (mean
+batch at least `fill` of the cap): like a TCP window that grows only when it is used,
+this keeps an idle pool from climbing to caps it never exercised. The timeout is fixed.
+It learns only from latency already observed, so it moves after the queue has built.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from adaptive.config import BatchConfig
+from adaptive.errors import InvalidInput
+from adaptive.policy import Decision, Snapshot
+from adaptive.units import format_duration
+
+
+@dataclass
+class AimdPolicy:
+    """Clipper-style AIMD on the batch cap; state is the cap it last chose."""
+
+    timeout_s: float
+    start: int = 8
+    step: int = 4
+    backoff: float = 0.9
+    fill: float = 0.8
+    max_batch: int = 256
+    _cap: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.step < 1:
+            raise InvalidInput(f"step must be >= 1, got {self.step}")
+        if not 0 < self.backoff < 1:
+            raise InvalidInput(f"backoff must be in (0, 1), got {self.backoff}")
+        if not 1 <= self.start <= self.max_batch:
+            raise InvalidInput(
+                f"start must be in [1, max_batch={self.max_batch}], got {self.start}"
+            )
+        self._cap = self.start
+
+    @property
+    def spec(self) -> str:
+        return (
+            f"aimd:start={self.start},step={self.step},backoff={self.backoff:g},"
+            f"timeout={format_duration(self.timeout_s)}"
+        )
+
+    def initial_config(self) -> BatchConfig:
+        return BatchConfig(self.start, self.timeout_s)
+
+    def decide(self, snapshot: Snapshot) -> Decision:
+        seen = snapshot.observation
+        serving = snapshot.serving_cap
+        p99 = seen.latency_p99_s
+        if p99 is not None and p99 > snapshot.slo_s:
+            self._cap = max(1, min(self._cap, math.floor(serving * self.backoff)))
+            reason = (
+                f"p99 {p99 * 1e3:.0f} ms missed the {snapshot.slo_s * 1e3:g} ms SLO: "
+                f"cap cut to {self._cap}"
+            )
+        elif p99 is not None and (seen.mean_batch_size or 0) >= self.fill * serving:
+            self._cap = min(self.max_batch, max(self._cap, serving + self.step))
+            reason = (
+                f"p99 {p99 * 1e3:.0f} ms under the SLO with full batches: cap up to {self._cap}"
+            )
+        else:
+            reason = "batches do not fill the cap: holding"
+        missed = p99 is not None and p99 > snapshot.slo_s
+        return Decision(BatchConfig(self._cap, self.timeout_s), reason, protective=missed)

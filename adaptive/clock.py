@@ -1,0 +1,29 @@
+"""The clock seam: core code is handed time, shells decide where it comes from."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class Clock(Protocol):
+    def now(self) -> float:
+        """Monotonic seconds."""
+        ...
+
+
+class ManualClock:
+    """Time that moves only when told: the simulator's clock, and tests'."""
+
+    def __init__(self, start_s: float = 0.0) -> None:
+        self._now = start_s
+
+    def now(self) -> float:
+        return self._now
+
+    def set(self, now: float) -> None:
+        if now < self._now:
+            raise ValueError(f"a clock cannot go back: {now} < {self._now}")
+        self._now = now
+
+    def advance(self, seconds: float) -> None:
+        self.set(self._now + seconds)

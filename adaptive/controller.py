@@ -1,0 +1,240 @@
+"""The controller loop: observe, forecast, decide, guard, publish, record.
+
+One `Controller` per pool. Each `tick()` it takes the pool's latest stats from the bus,
+feeds the arrivals to the forecast (for policies that plan ahead), asks the policy,
+passes the answer through the guardrails, publishes a new versioned config when it
+changed, and returns a `DecisionRecord`. It reads time only from the injected clock and
+talks only to the injected bus, so the simulator (manual clock, in-memory bus) and the
+live control plane (wall clock, Redis) run this same code.
+
+Tail safety: when actual load runs outside the forecast band for `fallback_after_s`
+(or there is no forecast yet), the fallback policy (reactive by default) decides until
+the forecast has been right again for `recover_after_s`. A shadow policy decides beside
+the active one on the same snapshots; its answers are recorded and never applied.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from adaptive.bus import Bus, PoolStats, VersionedConfig
+from adaptive.clock import Clock
+from adaptive.config import BatchConfig
+from adaptive.decisions import DecisionRecord, ForecastUsed, Mode, ShadowDecision
+from adaptive.errors import InvalidInput
+from adaptive.forecast_feed import ForecastFeed
+from adaptive.guards import Guard, Guardrails
+from adaptive.policy import ForecastingPolicy, Policy, Snapshot
+from adaptive.reactive import ReactivePolicy
+from forecaster.events import Event
+from forecaster.forecast import Forecast
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerSettings:
+    """One pool's control loop. `origin_s` is the Unix time of clock zero (for events)."""
+
+    pool: str = "default"
+    slo_s: float = 0.1
+    tick_s: float = 1.0
+    workers: int = 1
+    warmup_s: float = 0.0
+    fallback_after_s: float = 60.0
+    recover_after_s: float = 300.0
+    origin_s: float = 0.0
+    events: tuple[Event, ...] = ()
+    guardrails: Guardrails = field(default_factory=Guardrails)
+    keep_records: int = 100_000
+
+    def __post_init__(self) -> None:
+        if self.tick_s <= 0:
+            raise InvalidInput(f"tick must be > 0, got {self.tick_s}")
+        if self.fallback_after_s < 0 or self.recover_after_s < 0:
+            raise InvalidInput("fallback_after and recover_after must be >= 0")
+
+
+class Controller:
+    """Decides a pool's batch config every tick; the same code in simulation and live."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        bus: Bus,
+        clock: Clock,
+        settings: ControllerSettings,
+        *,
+        fallback: Policy | None = None,
+        shadow: Policy | None = None,
+    ) -> None:
+        self.policy = policy
+        self.bus = bus
+        self.clock = clock
+        self.settings = settings
+        self.shadow = shadow
+        self.guard = Guard(settings.guardrails)
+        self.feed = self._feed(policy, settings)
+        self.fallback = fallback or (ReactivePolicy() if self.feed is not None else None)
+        self.config = settings.guardrails.clamp(policy.initial_config())
+        self.version = 1
+        self.mode = Mode.ACTIVE if self.feed is None else Mode.FALLBACK
+        self.mode_reason = "" if self.feed is None else "no forecast yet"
+        self.fallback_s = 0.0
+        self.config_changes = 0
+        self.records: deque[DecisionRecord] = deque(maxlen=settings.keep_records)
+        self.last: DecisionRecord | None = None
+        self._inside_since: float | None = None
+        self._forecast_in: Forecast | None = None
+        self._forecast_here: Forecast | None = None
+        bus.publish_config(settings.pool, VersionedConfig(self.version, self.config))
+
+    @staticmethod
+    def _feed(policy: Policy, settings: ControllerSettings) -> ForecastFeed | None:
+        if not isinstance(policy, ForecastingPolicy):
+            return None
+        return ForecastFeed(
+            policy.forecaster,
+            step_s=policy.forecast_step_s,
+            horizon_s=policy.horizon_s(settings.warmup_s, settings.tick_s),
+            origin_s=settings.origin_s,
+            events=settings.events,
+        )
+
+    def tick(self) -> DecisionRecord | None:
+        """One control step; None when no stats arrived since the last tick."""
+        stats = self.bus.take_stats(self.settings.pool)
+        if stats is None:
+            return None
+        now = self.clock.now()
+        forecast = self._observe(now, stats)
+        snapshot = Snapshot(
+            now=now,
+            observation=stats.observation,
+            config=self.config,
+            slo_s=self.settings.slo_s,
+            workers=self.settings.workers,
+            warmed_buckets=stats.warmup.warmed if stats.warmup else (),
+            warmup_s=self.settings.warmup_s,
+            tick_s=self.settings.tick_s,
+            forecast=forecast,
+        )
+        return self._decide(snapshot)
+
+    def _observe(self, now: float, stats: PoolStats) -> Forecast | None:
+        if self.feed is None:
+            return None
+        self.feed.observe(now, stats.observation.arrivals)
+        self._update_mode(now)
+        return self._forecast_in_clock()
+
+    def _update_mode(self, now: float) -> None:
+        feed = self.feed
+        if feed.forecast is None:
+            self.mode, self.mode_reason = Mode.FALLBACK, "no forecast yet"
+            return
+        outside_s = feed.outside_band_s(now)
+        if self.mode is Mode.ACTIVE:
+            if outside_s >= self.settings.fallback_after_s > 0:
+                self.mode = Mode.FALLBACK
+                self.mode_reason = f"actual load outside the forecast band for {outside_s:.0f} s"
+                self._inside_since = None
+            return
+        if outside_s > 0 and self.mode_reason != "no forecast yet":
+            self._inside_since = None
+            return
+        if self._inside_since is None:
+            self._inside_since = now
+        recovering = self.mode_reason == "no forecast yet"
+        if recovering or now - self._inside_since >= self.settings.recover_after_s:
+            self.mode, self.mode_reason = Mode.ACTIVE, ""
+
+    def _forecast_in_clock(self) -> Forecast | None:
+        """The feed's forecast with its times moved into the controller's clock."""
+        forecast = self.feed.forecast
+        if forecast is not self._forecast_in:
+            self._forecast_in = forecast
+            self._forecast_here = (
+                None
+                if forecast is None
+                else replace(forecast, times_s=forecast.times_s - self.settings.origin_s)
+            )
+        return self._forecast_here
+
+    def _decide(self, snapshot: Snapshot) -> DecisionRecord:
+        now = snapshot.now
+        active = self.policy if self.mode is Mode.ACTIVE else self.fallback
+        decision = active.decide(snapshot)
+        if self.fallback is not None and active is not self.fallback:
+            self.fallback.decide(snapshot)  # keeps its online model current for a handover
+        shadow = None
+        if self.shadow is not None:
+            answer = self.shadow.decide(snapshot)
+            shadow = ShadowDecision(self.shadow.spec, answer.config, answer.reason)
+        chosen, guard_note = self.guard.apply(
+            now, self.config, decision.config, decision.protective
+        )
+        previous = self.config
+        if chosen != previous:
+            self.version += 1
+            self.config_changes += 1
+            self.config = chosen
+            self.bus.publish_config(self.settings.pool, VersionedConfig(self.version, chosen))
+        if self.mode is Mode.FALLBACK:
+            self.fallback_s += self.settings.tick_s
+        reason = decision.reason
+        if self.mode is Mode.FALLBACK:
+            reason = f"fallback to {active.spec} ({self.mode_reason}): {reason}"
+        record = DecisionRecord(
+            at_s=now,
+            pool=self.settings.pool,
+            policy=self.policy.spec,
+            mode=self.mode,
+            observation=snapshot.observation,
+            warmed_buckets=snapshot.warmed_buckets,
+            forecast=_forecast_used(snapshot),
+            previous=previous,
+            proposed=decision.config,
+            chosen=chosen,
+            version=self.version,
+            reason=reason,
+            guard=guard_note,
+            predicted_p99_s=decision.predicted_p99_s,
+            alternatives=decision.alternatives,
+            shadow=shadow,
+        )
+        if self._noteworthy(record):
+            self.records.append(record)
+        self.last = record
+        return record
+
+    def _noteworthy(self, record: DecisionRecord) -> bool:
+        """Kept records: config changes, mode changes, and shadow disagreements."""
+        last = self.last
+        if last is None or record.changed or record.mode is not last.mode:
+            return True
+        if record.shadow is None:
+            return False
+        return last.shadow is None or record.shadow.config != last.shadow.config
+
+    @property
+    def current(self) -> BatchConfig:
+        return self.config
+
+
+def _forecast_used(snapshot: Snapshot) -> ForecastUsed | None:
+    forecast = snapshot.forecast
+    if forecast is None:
+        return None
+    upper = forecast.upper_rps
+    peak = int(np.argmax(upper))
+    return ForecastUsed(
+        model=forecast.model,
+        fallback=forecast.fallback,
+        horizon_s=float(forecast.times_s[-1] + forecast.step_s - snapshot.now),
+        mean_rps_now=float(forecast.mean_rps[0]),
+        upper_rps_now=float(upper[0]),
+        peak_upper_rps=float(upper[peak]),
+        peak_at_s=float(forecast.times_s[peak] - snapshot.now),
+    )

@@ -1,0 +1,109 @@
+"""Decision records: what the controller saw, considered, chose and why, tick by tick.
+
+Operators read them (the API, `decisions-<policy>.jsonl` from `simulate --out`) to
+answer "why did the batch cap change at 19:58?" without reading code.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from adaptive.config import BatchConfig
+from adaptive.optimizer import Alternative
+from adaptive.policy import Observation
+
+
+class Mode(enum.StrEnum):
+    ACTIVE = "active"
+    FALLBACK = "fallback"
+
+
+@dataclass(frozen=True, slots=True)
+class ForecastUsed:
+    """The part of a forecast a decision rested on (rates in requests per second)."""
+
+    model: str
+    fallback: str | None
+    horizon_s: float
+    mean_rps_now: float
+    upper_rps_now: float
+    peak_upper_rps: float
+    peak_at_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "fallback": self.fallback,
+            "horizon_s": round(self.horizon_s, 3),
+            "mean_rps_now": round(self.mean_rps_now, 2),
+            "upper_rps_now": round(self.upper_rps_now, 2),
+            "peak_upper_rps": round(self.peak_upper_rps, 2),
+            "peak_at_s": round(self.peak_at_s, 3),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ShadowDecision:
+    policy: str
+    config: BatchConfig
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionRecord:
+    """One control tick: inputs, forecast, previous and chosen config, alternatives, why."""
+
+    at_s: float
+    pool: str
+    policy: str
+    mode: Mode
+    observation: Observation
+    warmed_buckets: tuple[int, ...]
+    forecast: ForecastUsed | None
+    previous: BatchConfig
+    proposed: BatchConfig
+    chosen: BatchConfig
+    version: int
+    reason: str
+    guard: str | None
+    predicted_p99_s: float | None
+    alternatives: tuple[Alternative, ...]
+    shadow: ShadowDecision | None = None
+
+    @property
+    def changed(self) -> bool:
+        return self.chosen != self.previous
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "at_s": round(self.at_s, 6),
+            "pool": self.pool,
+            "policy": self.policy,
+            "mode": self.mode.value,
+            "previous": _config(self.previous),
+            "proposed": _config(self.proposed),
+            "chosen": _config(self.chosen),
+            "version": self.version,
+            "reason": self.reason,
+            "guard": self.guard,
+            "predicted_p99_ms": None
+            if self.predicted_p99_s is None or not math.isfinite(self.predicted_p99_s)
+            else round(self.predicted_p99_s * 1e3, 3),
+            "inputs": {**self.observation.to_dict(), "warmed_buckets": list(self.warmed_buckets)},
+            "forecast": None if self.forecast is None else self.forecast.to_dict(),
+            "alternatives": [a.to_dict() for a in self.alternatives],
+            "shadow": None
+            if self.shadow is None
+            else {
+                "policy": self.shadow.policy,
+                "config": _config(self.shadow.config),
+                "reason": self.shadow.reason,
+            },
+        }
+
+
+def _config(config: BatchConfig) -> dict[str, float]:
+    return {"max_batch": config.max_batch_size, "timeout_ms": round(config.timeout_s * 1e3, 3)}

@@ -1,0 +1,144 @@
+"""The controller's view of future load: a fitted forecaster fed by observed arrivals.
+
+Arrivals observed each tick are summed into fixed forecast steps. At every step the
+fitted model absorbs the new count (cheap recursions) and predicts the horizon the
+policy asked for; every `refit_s` it is refitted on the recent history and swapped in
+whole (fitting returns a new object). Until the model has enough history it stands in
+a last-value forecast, and says so in the forecast's `fallback`.
+
+The feed also scores the forecast: each step's actual count is checked against the band
+predicted for it one step earlier, and `outside_band_s` says how long actual load has
+run outside the band: the controller's trigger to fall back to a reactive policy.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+import numpy as np
+
+from adaptive.errors import InvalidInput
+from forecaster.events import Event, EventAware
+from forecaster.forecast import Forecast
+from forecaster.models import FittedForecaster, Forecaster, SeasonalNaive
+from forecaster.series import RateSeries
+
+
+class ForecastFeed:
+    """Observed arrivals in, the current `Forecast` out."""
+
+    def __init__(
+        self,
+        forecaster: Forecaster,
+        *,
+        step_s: float,
+        horizon_s: float,
+        origin_s: float = 0.0,
+        events: tuple[Event, ...] = (),
+        level: float = 0.9,
+        history_s: float = 6 * 3600.0,
+        refit_s: float = 1800.0,
+    ) -> None:
+        if step_s <= 0 or horizon_s <= 0:
+            raise InvalidInput(f"forecast step and horizon must be > 0, got {step_s}, {horizon_s}")
+        self.step_s = step_s
+        self.origin_s = origin_s
+        self.level = level
+        self.refit_s = refit_s
+        self.horizon_steps = math.ceil(horizon_s / step_s) + 1
+        self._model: Forecaster = EventAware(forecaster, events) if events else forecaster
+        self._stand_in: Forecaster = EventAware(SeasonalNaive(step_s), events)
+        self._history: deque[float] = deque(maxlen=max(1, round(history_s / step_s)))
+        self._fitted: FittedForecaster | None = None
+        self._fitted_at = -math.inf
+        self._stand_in_reason: str | None = None
+        self._step_end = step_s
+        self._pending = 0.0
+        self._outside_since: float | None = None
+        self._tried_empty = False
+        self.forecast: Forecast | None = None
+        self.steps_scored = 0
+        self.steps_outside = 0
+
+    def observe(self, now: float, arrivals: int) -> Forecast | None:
+        """Count this tick's arrivals; at a step boundary, update and predict."""
+        self._pending += arrivals
+        if not self._tried_empty:
+            self._tried_empty = True
+            self._try_fit(0.0)  # a model that needs no history (the oracle) starts at once
+            if self._fitted is not None:
+                self.forecast = self._predict()
+        if now + 1e-9 < self._step_end:
+            return self.forecast
+        count, self._pending = self._pending, 0.0
+        while now + 1e-9 >= self._step_end:
+            self._close_step(count, self._step_end)
+            count = 0.0
+            self._step_end += self.step_s
+        return self.forecast
+
+    def outside_band_s(self, now: float) -> float:
+        """How long actual load has run outside the forecast band (0 while inside)."""
+        return 0.0 if self._outside_since is None else now - self._outside_since
+
+    @property
+    def history(self) -> RateSeries:
+        start = self._step_end - self.step_s * (len(self._history) + 1)
+        return RateSeries(self.origin_s + start, self.step_s, np.array(self._history))
+
+    def _close_step(self, count: float, end_s: float) -> None:
+        self._score(count, end_s)
+        self._history.append(count)
+        if self._fitted is not None and self._stand_in_reason is None:
+            self._fitted.update(np.array([count]))
+        if end_s - self._fitted_at >= self.refit_s or self._stand_in_reason is not None:
+            self._try_fit(end_s)
+        if self._fitted is not None:
+            self.forecast = self._predict()
+
+    def _score(self, count: float, end_s: float) -> None:
+        if self.forecast is None or self.forecast.fallback is not None:
+            return
+        self.steps_scored += 1
+        inside = self.forecast.lower[0] <= count <= self.forecast.upper[0]
+        if inside:
+            self._outside_since = None
+            return
+        self.steps_outside += 1
+        if self._outside_since is None:
+            self._outside_since = end_s - self.step_s
+
+    def _try_fit(self, end_s: float) -> None:
+        """Fit on the history of closed steps, the last of which ends at `end_s`."""
+        series = RateSeries(
+            self.origin_s + end_s - self.step_s * len(self._history),
+            self.step_s,
+            np.array(self._history, dtype=np.float64),
+        )
+        try:
+            self._fitted = self._model.fit(series)
+            self._stand_in_reason = None
+            self._fitted_at = end_s
+        except InvalidInput as error:
+            if not self._history:
+                return
+            self._fitted = self._stand_in.fit(series)
+            self._stand_in_reason = f"last value: {error}"
+
+    def _predict(self) -> Forecast:
+        forecast = self._fitted.predict(self.horizon_steps, self.level)
+        if self._stand_in_reason is None:
+            return forecast
+        return Forecast(
+            forecast.times_s,
+            forecast.step_s,
+            forecast.mean,
+            forecast.lower,
+            forecast.upper,
+            forecast.level,
+            forecast.model,
+            forecast.fitted_at_s,
+            self._stand_in_reason,
+            forecast.events,
+        )

@@ -1,0 +1,178 @@
+"""The config optimiser: given a load, the batch config that meets the SLO at least cost.
+
+Queueing formulas for batch service with timeouts, many workers and jitter are
+approximations at best, so Tidal does not guess: a `PerformanceTable` holds, for every
+candidate config and a grid of arrival rates, the p99, mean latency and GPU busy
+seconds per request that the simulator's engine measured under Poisson load
+(`simulations.calibration` compiles it once per latency model and pool). At run time
+the optimiser only interpolates and ranks, in microseconds:
+
+1. meet the p99 SLO with a safety margin (aim at `margin * slo`);
+2. among those, spend the fewest GPU busy seconds per request;
+3. among near-ties (within 2%), take the lowest mean latency.
+When nothing meets the SLO it takes the lowest predicted p99, and says so.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from adaptive.config import BatchConfig
+from adaptive.errors import InvalidInput
+
+COST_TIE = 1.02
+"""Costs within 2% count as equal; the lower mean latency wins."""
+
+RATE_BIN = 1.005
+"""Choices are cached per 0.5% band of rate, evaluated at the band's upper edge."""
+
+
+@dataclass(frozen=True)
+class PerformanceTable:
+    """Measured behaviour of candidate configs (rows) over arrival rates (columns)."""
+
+    rates_rps: np.ndarray
+    caps: np.ndarray
+    timeouts_s: np.ndarray
+    p99_s: np.ndarray
+    mean_latency_s: np.ndarray
+    busy_per_request_s: np.ndarray
+    workers: int
+    description: str
+
+    def __post_init__(self) -> None:
+        shape = (self.caps.size, self.rates_rps.size)
+        for name in ("p99_s", "mean_latency_s", "busy_per_request_s"):
+            if getattr(self, name).shape != shape:
+                raise InvalidInput(f"performance table: {name} must have shape {shape}")
+        if np.any(np.diff(self.rates_rps) <= 0):
+            raise InvalidInput("performance table: rates must be strictly increasing")
+
+    def at(self, rate_rps: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(p99, mean latency, busy per request) of every config at `rate_rps`,
+        interpolated in log-rate; inf past the grid or where a neighbour cannot keep up."""
+        rates = self.rates_rps
+        if rate_rps <= rates[0]:
+            return self.p99_s[:, 0], self.mean_latency_s[:, 0], self.busy_per_request_s[:, 0]
+        if rate_rps > rates[-1]:
+            inf = np.full(self.caps.size, math.inf)
+            return inf, inf, inf
+        hi = int(np.searchsorted(rates, rate_rps))
+        lo = hi - 1
+        w = math.log(rate_rps / rates[lo]) / math.log(rates[hi] / rates[lo])
+        return tuple(_blend(a[:, lo], a[:, hi], w) for a in self._metrics())  # type: ignore[return-value]
+
+    def _metrics(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return self.p99_s, self.mean_latency_s, self.busy_per_request_s
+
+
+def _blend(lo: np.ndarray, hi: np.ndarray, w: float) -> np.ndarray:
+    finite = np.isfinite(lo) & np.isfinite(hi)
+    return np.where(finite, (1 - w) * np.where(finite, lo, 0) + w * np.where(finite, hi, 0), np.inf)
+
+
+@dataclass(frozen=True, slots=True)
+class Alternative:
+    """One candidate the optimiser weighed: its predicted p99 and GPU cost."""
+
+    config: BatchConfig
+    predicted_p99_s: float
+    busy_per_request_s: float
+    mean_latency_s: float
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "max_batch": self.config.max_batch_size,
+            "timeout_ms": round(self.config.timeout_s * 1e3, 3),
+            "predicted_p99_ms": _ms(self.predicted_p99_s),
+            "busy_ms_per_request": _ms(self.busy_per_request_s),
+        }
+
+
+def _ms(value_s: float) -> float | None:
+    return round(value_s * 1e3, 3) if math.isfinite(value_s) else None
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """The optimiser's answer for one rate, with the best alternative of each cap."""
+
+    chosen: Alternative
+    meets_slo: bool
+    rate_rps: float
+    alternatives: tuple[Alternative, ...]
+
+    @property
+    def config(self) -> BatchConfig:
+        return self.chosen.config
+
+
+@dataclass
+class ConfigOptimizer:
+    """Ranks a table's configs at a rate; deterministic, cached per rate band."""
+
+    table: PerformanceTable
+    slo_s: float
+    margin: float = 0.8
+    _cache: dict[tuple[int, int], Choice] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.margin <= 1:
+            raise InvalidInput(f"margin must be in (0, 1], got {self.margin}")
+
+    @property
+    def target_p99_s(self) -> float:
+        return self.margin * self.slo_s
+
+    @property
+    def largest_cap(self) -> int:
+        return int(self.table.caps.max())
+
+    def choose(self, rate_rps: float, min_cap: int = 1) -> Choice:
+        """The config for `rate_rps` among those with max batch >= `min_cap`."""
+        band = math.ceil(math.log(max(rate_rps, 1e-9)) / math.log(RATE_BIN))
+        key = (band, min(min_cap, self.largest_cap))
+        choice = self._cache.get(key)
+        if choice is None:
+            choice = self._rank(RATE_BIN**band, key[1])
+            self._cache[key] = choice
+        return choice
+
+    def capacity_rps(self, cap: int) -> float:
+        """The highest grid rate at which some config with max batch `cap` meets the target."""
+        rows = self.table.caps == cap
+        ok = (self.table.p99_s[rows] <= self.target_p99_s).any(axis=0)
+        return float(self.table.rates_rps[ok].max()) if ok.any() else 0.0
+
+    def _rank(self, rate_rps: float, min_cap: int) -> Choice:
+        p99, mean, busy = self.table.at(rate_rps)
+        allowed = self.table.caps >= min_cap
+        feasible = allowed & (p99 <= self.target_p99_s)
+        if feasible.any():
+            near = feasible & (busy <= busy[feasible].min() * COST_TIE)
+            index = int(np.flatnonzero(near)[np.argmin(mean[near])])
+        else:
+            candidates = np.flatnonzero(allowed)
+            index = int(candidates[np.argmin(p99[candidates])])
+        return Choice(
+            self._alternative(index, p99, mean, busy),
+            bool(feasible.any()),
+            rate_rps,
+            self._best_per_cap(p99, mean, busy),
+        )
+
+    def _alternative(self, i: int, p99: np.ndarray, mean: np.ndarray, busy: np.ndarray):
+        config = BatchConfig(int(self.table.caps[i]), float(self.table.timeouts_s[i]))
+        return Alternative(config, float(p99[i]), float(busy[i]), float(mean[i]))
+
+    def _best_per_cap(self, p99, mean, busy) -> tuple[Alternative, ...]:
+        best = []
+        for cap in np.unique(self.table.caps):
+            rows = np.flatnonzero(self.table.caps == cap)
+            ok = rows[p99[rows] <= self.target_p99_s]
+            i = int(ok[np.argmin(busy[ok])]) if ok.size else int(rows[np.argmin(p99[rows])])
+            best.append(self._alternative(i, p99, mean, busy))
+        return tuple(best)
