@@ -1,10 +1,13 @@
 """`aimd`: Clipper's reactive batch-size control, the field's best-known adaptive baseline.
 
-Additive increase of the batch cap while the observed p99 is under the SLO, a
-multiplicative decrease when it misses. The cap grows only while batches fill it (mean
-batch at least `fill` of the cap): like a TCP window that grows only when it is used,
-this keeps an idle pool from climbing to caps it never exercised. The timeout is fixed.
-It learns only from latency already observed, so it moves after the queue has built.
+As in Clipper, the signal is the time a batch takes to run: the cap grows additively
+while batches run within `budget` of the SLO (Clipper uses the whole SLO; half leaves
+room for queueing) and shrinks multiplicatively when they do not. Reacting to end-to-end
+p99 instead would cut the cap exactly when a queue builds, the one time a larger batch
+is needed. The cap grows only while batches fill it (mean batch at least `fill` of the
+cap): like a TCP window that grows only when used, this keeps an idle pool from climbing
+to caps it never exercised. The timeout is fixed. It learns only from batches already
+run, so it moves after the load has arrived.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ class AimdPolicy:
     step: int = 4
     backoff: float = 0.9
     fill: float = 0.8
+    budget: float = 0.5
     max_batch: int = 256
     _cap: int = field(init=False)
 
@@ -44,7 +48,7 @@ class AimdPolicy:
     @property
     def spec(self) -> str:
         return (
-            f"aimd:start={self.start},step={self.step},backoff={self.backoff:g},"
+            f"aimd:step={self.step},backoff={self.backoff:g},"
             f"timeout={format_duration(self.timeout_s)}"
         )
 

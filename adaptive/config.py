@@ -15,10 +15,13 @@ class BatchConfig:
     timeout_s: how long the oldest queued request may wait for the batch to fill before
         a free worker dispatches what is queued (Triton's max_queue_delay); 0 dispatches
         at once.
+    warm_max_batch: keep batch-size buckets warm up to this size (0: up to the cap), so
+        a cap expected soon is ready when it is needed without serving it before.
     """
 
     max_batch_size: int
     timeout_s: float
+    warm_max_batch: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.max_batch_size, bool) or not isinstance(self.max_batch_size, int):
@@ -27,7 +30,19 @@ class BatchConfig:
             raise InvalidInput(f"max_batch_size must be >= 1, got {self.max_batch_size}")
         if not math.isfinite(self.timeout_s) or self.timeout_s < 0:
             raise InvalidInput(f"timeout must be a finite value >= 0, got {self.timeout_s}")
+        if not isinstance(self.warm_max_batch, int) or self.warm_max_batch < 0:
+            raise InvalidInput(
+                f"warm_max_batch must be an integer >= 0, got {self.warm_max_batch!r}"
+            )
+
+    @property
+    def warm_target(self) -> int:
+        """The largest batch size the workers should keep warm."""
+        return max(self.max_batch_size, self.warm_max_batch)
 
     def describe(self) -> str:
         """The spec form, as operators write it: "max_batch=32,timeout=10ms"."""
-        return f"max_batch={self.max_batch_size},timeout={format_duration(self.timeout_s)}"
+        text = f"max_batch={self.max_batch_size},timeout={format_duration(self.timeout_s)}"
+        return text + (
+            f",warm={self.warm_max_batch}" if self.warm_max_batch > self.max_batch_size else ""
+        )

@@ -27,7 +27,7 @@ from adaptive.decisions import DecisionRecord, ForecastUsed, Mode, ShadowDecisio
 from adaptive.errors import InvalidInput
 from adaptive.forecast_feed import ForecastFeed
 from adaptive.guards import Guard, Guardrails
-from adaptive.policy import ForecastingPolicy, Policy, Snapshot
+from adaptive.policy import Decision, ForecastingPolicy, Policy, Snapshot
 from adaptive.reactive import ReactivePolicy
 from forecaster.events import Event
 from forecaster.forecast import Forecast
@@ -99,7 +99,7 @@ class Controller:
             step_s=policy.forecast_step_s,
             horizon_s=policy.horizon_s(settings.warmup_s, settings.tick_s),
             origin_s=settings.origin_s,
-            events=settings.events,
+            events=settings.events if policy.uses_events else (),
         )
 
     def tick(self) -> DecisionRecord | None:
@@ -164,10 +164,12 @@ class Controller:
 
     def _decide(self, snapshot: Snapshot) -> DecisionRecord:
         now = snapshot.now
-        active = self.policy if self.mode is Mode.ACTIVE else self.fallback
-        decision = active.decide(snapshot)
-        if self.fallback is not None and active is not self.fallback:
-            self.fallback.decide(snapshot)  # keeps its online model current for a handover
+        decision = self.policy.decide(snapshot) if snapshot.forecast or not self.feed else None
+        if self.fallback is not None:
+            # Decides every tick, so its online model is current for a handover.
+            backup = self.fallback.decide(snapshot)
+            if self.mode is Mode.FALLBACK:
+                decision = _more_cautious(backup, decision, self.mode_reason, self.fallback.spec)
         shadow = None
         if self.shadow is not None:
             answer = self.shadow.decide(snapshot)
@@ -184,8 +186,6 @@ class Controller:
         if self.mode is Mode.FALLBACK:
             self.fallback_s += self.settings.tick_s
         reason = decision.reason
-        if self.mode is Mode.FALLBACK:
-            reason = f"fallback to {active.spec} ({self.mode_reason}): {reason}"
         record = DecisionRecord(
             at_s=now,
             pool=self.settings.pool,
@@ -221,6 +221,22 @@ class Controller:
     @property
     def current(self) -> BatchConfig:
         return self.config
+
+
+def _more_cautious(
+    backup: Decision, planned: Decision | None, why: str, backup_spec: str
+) -> Decision:
+    """In fallback the backup policy decides, but a forecast that still asks for a larger
+    cap or a shorter timeout (a declared event, a rising upper bound) is kept: falling
+    back must never make the pool less safe."""
+    reason = f"fallback to {backup_spec} ({why}): {backup.reason}"
+    if planned is None:
+        return replace(backup, reason=reason)
+    cap = max(backup.config.max_batch_size, planned.config.max_batch_size)
+    timeout_s = min(backup.config.timeout_s, planned.config.timeout_s)
+    if cap > backup.config.max_batch_size:
+        reason += f"; keeping cap {cap} that the forecast still asks for"
+    return replace(backup, config=BatchConfig(cap, timeout_s), reason=reason)
 
 
 def _forecast_used(snapshot: Snapshot) -> ForecastUsed | None:

@@ -21,6 +21,7 @@ import numpy as np
 from adaptive.errors import InvalidInput
 from forecaster.events import Event, EventAware
 from forecaster.forecast import Forecast
+from forecaster.known import KnownFuture
 from forecaster.models import FittedForecaster, Forecaster, SeasonalNaive
 from forecaster.series import RateSeries
 
@@ -39,6 +40,7 @@ class ForecastFeed:
         level: float = 0.9,
         history_s: float = 6 * 3600.0,
         refit_s: float = 1800.0,
+        min_history_s: float = 1800.0,
     ) -> None:
         if step_s <= 0 or horizon_s <= 0:
             raise InvalidInput(f"forecast step and horizon must be > 0, got {step_s}, {horizon_s}")
@@ -46,8 +48,11 @@ class ForecastFeed:
         self.origin_s = origin_s
         self.level = level
         self.refit_s = refit_s
+        # Parameters fitted on a few minutes are noise; the last value is the safer guess.
+        self.min_history_steps = round(min_history_s / step_s)
         self.horizon_steps = math.ceil(horizon_s / step_s) + 1
         self._model: Forecaster = EventAware(forecaster, events) if events else forecaster
+        self._model_needs_no_history = isinstance(forecaster, KnownFuture)
         self._stand_in: Forecaster = EventAware(SeasonalNaive(step_s), events)
         self._history: deque[float] = deque(maxlen=max(1, round(history_s / step_s)))
         self._fitted: FittedForecaster | None = None
@@ -101,7 +106,9 @@ class ForecastFeed:
         if self.forecast is None or self.forecast.fallback is not None:
             return
         self.steps_scored += 1
-        inside = self.forecast.lower[0] <= count <= self.forecast.upper[0]
+        # Counts are Poisson around the rate: allow three standard deviations of that noise.
+        lower, upper = float(self.forecast.lower[0]), float(self.forecast.upper[0])
+        inside = lower - 3 * math.sqrt(lower) <= count <= upper + 3 * math.sqrt(upper)
         if inside:
             self._outside_since = None
             return
@@ -117,6 +124,10 @@ class ForecastFeed:
             np.array(self._history, dtype=np.float64),
         )
         try:
+            if not self._model_needs_no_history and len(self._history) < self.min_history_steps:
+                raise InvalidInput(
+                    f"{len(self._history)} of {self.min_history_steps} steps of history"
+                )
             self._fitted = self._model.fit(series)
             self._stand_in_reason = None
             self._fitted_at = end_s

@@ -49,78 +49,84 @@ class Guardrails:
         return BatchConfig(cap, timeout)
 
 
+class _Settling:
+    """A value that may rise at once but falls only after every proposal for `dwell_s`
+    wanted it lower, and then only to the highest of those proposals."""
+
+    def __init__(self, dwell_s: float) -> None:
+        self.dwell_s = dwell_s
+        self._since: float | None = None
+        self._highest = -math.inf
+
+    def reset(self) -> None:
+        self._since = None
+
+    def settle(self, now: float, current: float, wanted: float) -> tuple[float, float | None]:
+        """(value to run, seconds held back so far, or None when not held)."""
+        if wanted >= current:
+            self._since = None
+            return wanted, None
+        if self._since is None:
+            self._since, self._highest = now, wanted
+        self._highest = max(self._highest, wanted)
+        held_s = now - self._since
+        if held_s < self.dwell_s:
+            return current, held_s
+        self._since = None
+        return self._highest, None
+
+
 class Guard:
     """Applies `Guardrails` over time; its state is the pending cost-saving moves."""
 
     def __init__(self, rails: Guardrails) -> None:
         self.rails = rails
-        self._smaller_since: float | None = None
-        self._smaller_cap = 0  # the largest cap proposed since then
-        self._longer_since: float | None = None
-        self._longer_timeout = math.inf  # the shortest timeout proposed since then
+        self._cap = _Settling(rails.dwell_s)
+        self._warm = _Settling(rails.dwell_s)
+        self._timeout = _Settling(rails.dwell_s)  # settles -timeout: longer waits slowly
 
     def apply(
         self, now: float, current: BatchConfig, proposed: BatchConfig, protective: bool = False
     ) -> tuple[BatchConfig, str | None]:
         """The config to run, and a note when the guard changed the proposal."""
         wanted = self.rails.clamp(proposed)
+        notes = [] if wanted == proposed else ["clamped to operator bounds"]
         if protective:
-            self._smaller_since = self._longer_since = None
-            return wanted, None if wanted == proposed else "clamped to operator bounds"
-        cap, cap_note = self._cap(now, current.max_batch_size, wanted.max_batch_size)
-        timeout, timeout_note = self._timeout(now, current.timeout_s, wanted.timeout_s)
-        notes = [
-            n
-            for n in (
-                None if wanted == proposed else "clamped to operator bounds",
-                cap_note,
-                timeout_note,
-            )
-            if n
-        ]
-        chosen = (
-            current
-            if (cap, timeout) == (current.max_batch_size, current.timeout_s)
-            else BatchConfig(cap, timeout)
-        )
+            for settling in (self._cap, self._warm, self._timeout):
+                settling.reset()
+            return wanted, "; ".join(notes) or None
+        cap = self._step_cap(now, current.max_batch_size, wanted.max_batch_size, notes)
+        warm, _ = self._warm.settle(now, current.warm_target, wanted.warm_target)
+        timeout = self._settle_timeout(now, current.timeout_s, wanted.timeout_s, notes)
+        chosen = BatchConfig(int(cap), timeout, int(warm) if warm > cap else 0)
+        if (chosen.max_batch_size, chosen.timeout_s, chosen.warm_target) == (
+            current.max_batch_size,
+            current.timeout_s,
+            current.warm_target,
+        ):
+            chosen = current
         return chosen, "; ".join(notes) or None
 
-    def _cap(self, now: float, current: int, wanted: int) -> tuple[int, str | None]:
-        if wanted >= current:
-            self._smaller_since = None
-            limit = max(current + 1, math.floor(current * self.rails.max_step))
-            return (
-                (limit, f"cap step limited to x{self.rails.max_step:g}")
-                if wanted > limit
-                else (wanted, None)
+    def _step_cap(self, now: float, current: int, wanted: int, notes: list[str]) -> int:
+        limit = max(current + 1, math.floor(current * self.rails.max_step))
+        if wanted > limit:
+            notes.append(f"cap step limited to x{self.rails.max_step:g}")
+            wanted = limit
+        cap, held_s = self._cap.settle(now, current, wanted)
+        if held_s is not None:
+            notes.append(
+                f"cap {wanted} held back for dwell ({held_s:.0f} of {self.rails.dwell_s:g} s)"
             )
-        if self._smaller_since is None:
-            self._smaller_since, self._smaller_cap = now, wanted
-        self._smaller_cap = max(self._smaller_cap, wanted)
-        held_s = now - self._smaller_since
-        if held_s < self.rails.dwell_s:
-            return (
-                current,
-                f"cap {wanted} held back for dwell ({held_s:.0f} of {self.rails.dwell_s:g} s)",
-            )
-        self._smaller_since = None
-        return max(self._smaller_cap, math.ceil(current / self.rails.max_step)), None
+            return cap
+        return max(int(cap), math.ceil(current / self.rails.max_step))
 
-    def _timeout(self, now: float, current: float, wanted: float) -> tuple[float, str | None]:
+    def _settle_timeout(self, now: float, current: float, wanted: float, notes: list[str]) -> float:
         if abs(wanted - current) <= self.rails.hysteresis * max(current, 1e-3):
-            self._longer_since = None
-            return current, None
-        if wanted < current:
-            self._longer_since = None
-            return wanted, None
-        if self._longer_since is None:
-            self._longer_since, self._longer_timeout = now, wanted
-        self._longer_timeout = min(self._longer_timeout, wanted)
-        held_s = now - self._longer_since
-        if held_s < self.rails.dwell_s:
-            return (
-                current,
-                f"longer timeout held back for dwell ({held_s:.0f} of {self.rails.dwell_s:g} s)",
+            self._timeout.reset()
+            return current
+        negated, held_s = self._timeout.settle(now, -current, -wanted)
+        if held_s is not None:
+            notes.append(
+                f"longer timeout held back for dwell ({held_s:.0f} of {self.rails.dwell_s:g} s)"
             )
-        self._longer_since = None
-        return self._longer_timeout, None
+        return -negated

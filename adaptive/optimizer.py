@@ -53,13 +53,13 @@ class PerformanceTable:
 
     def at(self, rate_rps: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(p99, mean latency, busy per request) of every config at `rate_rps`,
-        interpolated in log-rate; inf past the grid or where a neighbour cannot keep up."""
+        interpolated in log-rate; inf where a neighbour cannot keep up. Past the grid's
+        ends it answers for the end (the optimiser checks `rates_rps[-1]` itself)."""
         rates = self.rates_rps
         if rate_rps <= rates[0]:
             return self.p99_s[:, 0], self.mean_latency_s[:, 0], self.busy_per_request_s[:, 0]
-        if rate_rps > rates[-1]:
-            inf = np.full(self.caps.size, math.inf)
-            return inf, inf, inf
+        if rate_rps >= rates[-1]:
+            return self.p99_s[:, -1], self.mean_latency_s[:, -1], self.busy_per_request_s[:, -1]
         hi = int(np.searchsorted(rates, rate_rps))
         lo = hi - 1
         w = math.log(rate_rps / rates[lo]) / math.log(rates[hi] / rates[lo])
@@ -92,6 +92,10 @@ class Alternative:
         }
 
 
+def _band(rate_rps: float) -> int:
+    return math.ceil(math.log(max(rate_rps, 1e-9)) / math.log(RATE_BIN))
+
+
 def _ms(value_s: float) -> float | None:
     return round(value_s * 1e3, 3) if math.isfinite(value_s) else None
 
@@ -119,21 +123,17 @@ class ConfigOptimizer:
     margin: float = 0.8
     _cache: dict[tuple[int, int], Choice] = field(default_factory=dict, repr=False)
 
+    _p99_cache: dict[tuple[int, int, float], float] = field(default_factory=dict, repr=False)
+
     def __post_init__(self) -> None:
         if not 0 < self.margin <= 1:
             raise InvalidInput(f"margin must be in (0, 1], got {self.margin}")
-
-    @property
-    def target_p99_s(self) -> float:
-        return self.margin * self.slo_s
-
-    @property
-    def largest_cap(self) -> int:
-        return int(self.table.caps.max())
+        self.largest_cap = int(self.table.caps.max())
+        self.target_p99_s = self.margin * self.slo_s
 
     def choose(self, rate_rps: float, min_cap: int = 1) -> Choice:
         """The config for `rate_rps` among those with max batch >= `min_cap`."""
-        band = math.ceil(math.log(max(rate_rps, 1e-9)) / math.log(RATE_BIN))
+        band = _band(rate_rps)
         key = (band, min(min_cap, self.largest_cap))
         choice = self._cache.get(key)
         if choice is None:
@@ -150,19 +150,45 @@ class ConfigOptimizer:
     def _rank(self, rate_rps: float, min_cap: int) -> Choice:
         p99, mean, busy = self.table.at(rate_rps)
         allowed = self.table.caps >= min_cap
-        feasible = allowed & (p99 <= self.target_p99_s)
+        within_grid = rate_rps <= self.table.rates_rps[-1]
+        feasible = allowed & (p99 <= self.target_p99_s) & within_grid
         if feasible.any():
             near = feasible & (busy <= busy[feasible].min() * COST_TIE)
             index = int(np.flatnonzero(near)[np.argmin(mean[near])])
         else:
-            candidates = np.flatnonzero(allowed)
-            index = int(candidates[np.argmin(p99[candidates])])
+            index = self._best_effort(p99, allowed)
         return Choice(
             self._alternative(index, p99, mean, busy),
             bool(feasible.any()),
             rate_rps,
             self._best_per_cap(p99, mean, busy),
         )
+
+    def _best_effort(self, p99: np.ndarray, allowed: np.ndarray) -> int:
+        """Nothing meets the SLO: the lowest finite p99, else the most throughput (the
+        largest cap, dispatching at once)."""
+        finite = np.flatnonzero(allowed & np.isfinite(p99))
+        if finite.size:
+            return int(finite[np.argmin(p99[finite])])
+        rows = np.flatnonzero(allowed)
+        order = np.lexsort((self.table.timeouts_s[rows], -self.table.caps[rows]))
+        return int(rows[order[0]])
+
+    def predicted_p99_s(self, config: BatchConfig, rate_rps: float) -> float:
+        """The table's p99 for the row nearest `config` (same bucket, nearest timeout)."""
+        band = _band(rate_rps)
+        key = (band, config.max_batch_size, config.timeout_s)
+        p99 = self._p99_cache.get(key)
+        if p99 is None:
+            p99 = self._p99_cache[key] = self._p99_of(config, RATE_BIN**band)
+        return p99
+
+    def _p99_of(self, config: BatchConfig, rate_rps: float) -> float:
+        p99, _, _ = self.table.at(rate_rps)
+        bucket = 1 << max(0, config.max_batch_size - 1).bit_length()
+        rows = np.flatnonzero(self.table.caps == min(bucket, self.largest_cap))
+        row = rows[np.argmin(np.abs(self.table.timeouts_s[rows] - config.timeout_s))]
+        return float(p99[row])
 
     def _alternative(self, i: int, p99: np.ndarray, mean: np.ndarray, busy: np.ndarray):
         config = BatchConfig(int(self.table.caps[i]), float(self.table.timeouts_s[i]))

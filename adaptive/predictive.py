@@ -13,7 +13,7 @@ needed cap falls with it and the controller's guards let it shrink after a dwell
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -22,6 +22,7 @@ from adaptive.optimizer import Choice, ConfigOptimizer
 from adaptive.policy import Decision, Snapshot
 from adaptive.units import format_duration
 from adaptive.warmup import buckets_to_warm, warm_time_s
+from forecaster.forecast import Forecast
 from forecaster.models import Forecaster
 
 
@@ -34,6 +35,8 @@ class PredictivePolicy:
     forecast_step_s: float = 10.0
     lead_s: float | None = None  # None: derived from warm-up time and the tick
     name: str = "predictive"
+    uses_events: bool = True
+    _needs: tuple[Forecast, list[int]] | None = field(default=None, init=False, repr=False)
     spec_text: str = "predictive"
 
     @property
@@ -57,38 +60,77 @@ class PredictivePolicy:
         forecast = snapshot.forecast
         if forecast is None:
             raise ValueError("predictive policy needs a forecast in the snapshot")
+        # Serve for the load expected now; keep warm what the upper bound may need.
+        now_rps = max(snapshot.observation.arrival_rate_rps, float(forecast.mean_rps[0]))
+        choice = self.optimizer.choose(now_rps)
         upper_rps = forecast.upper_rps
-        now_rps = max(snapshot.observation.arrival_rate_rps, float(upper_rps[0]))
-        current = self.optimizer.choose(now_rps)
-        ahead = self._look_ahead(snapshot, forecast.times_s, upper_rps, current)
-        if ahead is None:
-            return self._decision(current, now_rps, "", snapshot)
-        at_s, rate_rps, cap = ahead
-        choice = self.optimizer.choose(now_rps, min_cap=cap)
-        serving = snapshot.serving_cap
-        warming = buckets_to_warm(snapshot.warm_cap, cap)
-        why = (
-            f"forecast upper bound {_rate(rate_rps)} at +{at_s:.0f} s exceeds what batch "
-            f"{serving} can serve ({_rate(self.optimizer.capacity_rps(serving))})"
+        warm = self.optimizer.choose(float(upper_rps[0])).config.max_batch_size
+        ahead = self._look_ahead(snapshot, forecast.times_s, upper_rps, warm)
+        if ahead is not None:
+            warm = ahead[2]
+        config = choice.config
+        if warm > config.max_batch_size:
+            config = BatchConfig(config.max_batch_size, config.timeout_s, warm)
+        why = self._reason(snapshot, choice, now_rps, config, ahead, float(upper_rps[0]))
+        # When the config in force is predicted to miss, any move the table prefers
+        # protects latency, even a smaller cap (a cap past the service budget).
+        current_p99_s = self.optimizer.predicted_p99_s(snapshot.config, now_rps)
+        return Decision(
+            config,
+            why,
+            predicted_p99_s=choice.chosen.predicted_p99_s,
+            planned_rate_rps=now_rps,
+            alternatives=choice.alternatives,
+            protective=current_p99_s > self.optimizer.target_p99_s,
         )
-        if warming:
-            why += f"; warming {_and(warming)} now"
-        return self._decision(choice, rate_rps, why, snapshot)
+
+    def _caps_needed(self, forecast: Forecast) -> list[int]:
+        """The cap each forecast step's upper bound needs; computed once per forecast."""
+        if self._needs is None or self._needs[0] is not forecast:
+            self._needs = (forecast, _caps_for(self.optimizer, forecast.upper_rps))
+        return self._needs[1]
+
+    def _reason(
+        self,
+        snapshot: Snapshot,
+        choice: Choice,
+        now_rps: float,
+        config: BatchConfig,
+        ahead: tuple[float, float, int] | None,
+        upper_now_rps: float,
+    ) -> str:
+        serve = (
+            f"expecting {_rate(now_rps)} now: batch {config.max_batch_size}, timeout "
+            f"{format_duration(config.timeout_s)} is the cheapest config predicted to meet "
+            "the SLO"
+        )
+        if not choice.meets_slo:
+            serve = f"expecting {_rate(now_rps)} now: no config is predicted to meet the SLO"
+        warming = buckets_to_warm(snapshot.warm_cap, config.warm_target)
+        if not warming:
+            return serve
+        at_s, rate_rps = ahead[:2] if ahead is not None else (0.0, upper_now_rps)
+        return (
+            f"forecast upper bound {_rate(rate_rps)} at +{max(at_s, 0):.0f} s exceeds what "
+            f"batch {snapshot.warm_cap} can serve "
+            f"({_rate(self.optimizer.capacity_rps(snapshot.warm_cap))}); warming "
+            f"{_and(warming)} now; {serve}"
+        )
 
     def _look_ahead(
-        self, snapshot: Snapshot, times_s: np.ndarray, upper_rps: np.ndarray, current: Choice
+        self, snapshot: Snapshot, times_s: np.ndarray, upper_rps: np.ndarray, need: int
     ) -> tuple[float, float, int] | None:
         """The largest (time ahead, rate, cap) that must start warming now; forecast
         times are in the controller's clock."""
         lead_s = self.horizon_s(snapshot.warmup_s, snapshot.tick_s)
         slack_s = self._slack_s(snapshot.warmup_s, snapshot.tick_s)
         best: tuple[float, float, int] | None = None
-        need = current.config.max_batch_size
+        caps = self._caps_needed(snapshot.forecast)
         for i in range(1, times_s.size):
             at_s = float(times_s[i]) - snapshot.now
             if at_s > lead_s:
                 break
-            cap = self.optimizer.choose(float(upper_rps[i])).config.max_batch_size
+            cap = caps[i]
             if (
                 cap > need
                 and at_s <= warm_time_s(snapshot.warm_cap, cap, snapshot.warmup_s) + slack_s
@@ -96,23 +138,9 @@ class PredictivePolicy:
                 best, need = (at_s, float(upper_rps[i]), cap), cap
         return best
 
-    def _decision(self, choice: Choice, rate_rps: float, why: str, snapshot: Snapshot) -> Decision:
-        config = choice.config
-        if not why:
-            why = (
-                f"expecting up to {_rate(rate_rps)} now: batch {config.max_batch_size}, "
-                f"timeout {format_duration(config.timeout_s)} is the cheapest config "
-                f"predicted to meet the SLO"
-            )
-            if not choice.meets_slo:
-                why = f"expecting {_rate(rate_rps)}: no config is predicted to meet the SLO"
-        return Decision(
-            config,
-            why,
-            predicted_p99_s=choice.chosen.predicted_p99_s,
-            planned_rate_rps=rate_rps,
-            alternatives=choice.alternatives,
-        )
+
+def _caps_for(optimizer: ConfigOptimizer, upper_rps: np.ndarray) -> list[int]:
+    return [optimizer.choose(float(rate)).config.max_batch_size for rate in upper_rps]
 
 
 def _rate(rate_rps: float) -> str:

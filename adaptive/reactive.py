@@ -3,7 +3,8 @@
 Each tick it refits `service_time = a + b * batch_size` from the batches the pool ran
 (exponentially forgotten least squares over per-tick means), then picks the smallest
 power-of-two cap whose throughput keeps utilisation under `utilization` at the measured
-rate, and the longest timeout that still fits the SLO's budget. No forecast: it sees a
+rate (and whose batches run within half the SLO), and the longest timeout that fits the
+other half. No forecast: it sees a
 spike when it arrives, and if the cap it needs is not warmed, the queue builds meanwhile.
 It is also the controller's fallback when the forecast goes wrong.
 """
@@ -21,7 +22,7 @@ from adaptive.policy import Decision, Snapshot
 class OnlineLinearFit:
     """Weighted least squares of service seconds on batch size, forgetting old ticks."""
 
-    forget: float = 0.97
+    forget: float = 0.995
     _sums: list[float] = field(default_factory=lambda: [0.0] * 5)  # w, x, y, xx, xy
 
     def add(self, batch_size: float, service_s: float, weight: float) -> None:
@@ -41,7 +42,7 @@ class OnlineLinearFit:
         w, x, y, xx, xy = self._sums
         mean_x, mean_y = x / w, y / w
         var_x = xx / w - mean_x**2
-        if var_x > 0.25 and mean_x > 0:
+        if var_x > 1.0 and mean_x > 0:
             b = max((xy / w - mean_x * mean_y) / var_x, 0.0)
             return max(mean_y - b * mean_x, 0.0), b
         return mean_y / 2, mean_y / (2 * max(mean_x, 1.0))
@@ -83,15 +84,16 @@ class ReactivePolicy:
 
     def _choose(self, rate_rps: float, snapshot: Snapshot) -> Decision:
         a, b = self.fit.coefficients()
+        budget_s = snapshot.slo_s / 2
         cap = 1
         while (
             cap < self.max_batch
+            and a + b * cap * 2 <= budget_s  # a batch must run within half the SLO
             and snapshot.workers * cap / (a + b * cap) * self.utilization < rate_rps
         ):
             cap *= 2
-        service_s = a + b * cap
-        budget_s = snapshot.slo_s / 2 - service_s
-        timeout_s = max(0.0, min(budget_s, cap / max(rate_rps, 1e-9)))
+        wait_s = budget_s - (a + b * cap)
+        timeout_s = max(0.0, min(wait_s, cap / max(rate_rps, 1e-9)))
         reason = (
             f"measured {rate_rps:,.0f} req/s; fitted service {a * 1e3:.2f} ms + "
             f"{b * 1e3:.3f} ms/request: cap {cap} keeps utilisation under {self.utilization:.0%}"

@@ -115,7 +115,7 @@ def _static(spec: PolicySpec, context: PolicyContext) -> Policy:
 
 
 def _aimd(spec: PolicySpec, context: PolicyContext) -> Policy:
-    _reject_unknown(spec, {"start", "step", "backoff", "timeout", "max_batch", "fill"})
+    _reject_unknown(spec, {"start", "step", "backoff", "timeout", "max_batch", "fill", "budget"})
     return _built(
         spec,
         lambda: AimdPolicy(
@@ -124,6 +124,7 @@ def _aimd(spec: PolicySpec, context: PolicyContext) -> Policy:
             step=_int(spec, "step", 4),
             backoff=_float(spec, "backoff", 0.9),
             fill=_float(spec, "fill", 0.8),
+            budget=_float(spec, "budget", 0.5),
             max_batch=_int(spec, "max_batch", 256),
         ),
     )
@@ -154,6 +155,7 @@ def _optimizer(spec: PolicySpec, context: PolicyContext) -> ConfigOptimizer:
 def _planning(spec: PolicySpec, context: PolicyContext, forecaster, name: str) -> Policy:
     lead = spec.options.get("lead", "auto")
     return PredictivePolicy(
+        uses_events=name != "oracle",
         optimizer=_optimizer(spec, context),
         forecaster=forecaster,
         forecast_step_s=_duration(spec, "step", 10.0),

@@ -14,6 +14,7 @@ pool, and the live worker reports the same facts (warmed buckets, measured warm-
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -25,12 +26,14 @@ def bucket_for(size: int) -> int:
     return 1 << max(0, size - 1).bit_length()
 
 
+@functools.cache
 def buckets_through(cap: int) -> tuple[int, ...]:
     """The buckets a worker needs warmed to serve batches of up to `cap`."""
     top = bucket_for(cap)
     return tuple(1 << i for i in range(top.bit_length()))
 
 
+@functools.cache
 def buckets_to_warm(warm_cap: int, cap: int) -> tuple[int, ...]:
     """The buckets missing to go from serving `warm_cap` to serving `cap`."""
     have = bucket_for(warm_cap)

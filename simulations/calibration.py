@@ -61,7 +61,9 @@ def _compile(
 
     def sweep(index: int) -> np.ndarray:
         cap, timeout_s = configs[index]
-        return _sweep(latency, settings, BatchConfig(cap, timeout_s), rates, capacity[cap], seeds[index])
+        return _sweep(
+            latency, settings, BatchConfig(cap, timeout_s), rates, capacity[cap], seeds[index]
+        )
 
     # The kernel releases the GIL: configs sweep on all cores.
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as executor:

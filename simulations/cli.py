@@ -13,14 +13,20 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from tqdm import tqdm
 
 from adaptive.errors import InvalidInput, TidalError
-from adaptive.latency import parse_latency_model
-from adaptive.specs import PolicyContext, build_policy
+from adaptive.guards import Guardrails
+from adaptive.latency import LatencyModel, parse_latency_model
+from adaptive.optimizer import PerformanceTable
+from adaptive.specs import PolicyContext, build_policy, parse_policy_spec
 from adaptive.units import parse_duration_s
+from forecaster.events import Event, load_events
+from forecaster.series import RateSeries, epoch_seconds, series_from_trace
+from simulations.calibration import performance_table
 from simulations.engine import PoolSettings, Routing
 from simulations.promo_day import PromoDaySpec, generate_promo_day
 from simulations.report import format_table, summary_dict, write_outputs
@@ -116,6 +122,31 @@ def build_parser() -> argparse.ArgumentParser:
         help="waiting requests per queue past which arrivals are shed",
     )
     fleet.add_argument("--slo", type=_duration, default=0.1, help="p99 latency SLO (default 100ms)")
+    fleet.add_argument(
+        "--warmup",
+        type=_duration,
+        default=0.0,
+        help="warm-up time per batch-size bucket; batches run padded to power-of-two "
+        "buckets and raising the cap waits for warm-up (default 0: no warm-up modelled)",
+    )
+    control = parser.add_argument_group("control")
+    control.add_argument(
+        "--events",
+        type=Path,
+        help="declared traffic events (YAML/JSON) for the forecasting policies",
+    )
+    control.add_argument(
+        "--shadow",
+        metavar="SPEC",
+        help="a policy that decides beside each --policy; recorded in the decisions, never applied",
+    )
+    control.add_argument(
+        "--guard",
+        metavar="KEY=VALUE,...",
+        default="",
+        help="guardrails: min_batch, max_batch, min_timeout, max_timeout, dwell, max_step, "
+        "hysteresis (default dwell=60s,max_step=4,hysteresis=0.25)",
+    )
     run = parser.add_argument_group("run")
     run.add_argument("--tick", type=_duration, default=1.0, help="control tick (default 1s)")
     run.add_argument(
@@ -152,18 +183,83 @@ def _run(args: argparse.Namespace) -> int:
     trace = _load(args)
     for note in trace.notes:
         print(f"simulate: warning: {note}", file=sys.stderr)
+    origin_s = epoch_seconds(trace.origin)
+    pool = PoolSettings(
+        args.workers, args.slo, Routing(args.routing), args.max_queue, warmup_s=args.warmup
+    )
     settings = SimulationSettings(
-        pool=PoolSettings(args.workers, args.slo, Routing(args.routing), args.max_queue),
+        pool=pool,
         tick_s=args.tick,
         window_s=args.window,
         seed=args.seed,
+        events=_events(args, origin_s),
+        origin_s=origin_s,
+        guardrails=parse_guardrails(args.guard),
     )
-    context = PolicyContext(slo_s=args.slo, workers=args.workers)
-    policies = [build_policy(spec, context) for spec in args.policy or DEFAULT_POLICIES]
     latency = parse_latency_model(args.latency_model)
-    report = _simulate_with_progress(trace, policies, settings, latency, args.no_progress)
+    context = policy_context(trace, latency, pool)
+    specs = args.policy or DEFAULT_POLICIES
+    policies = [build_policy(spec, context) for spec in specs]
+    shadows = [build_policy(args.shadow, context) if args.shadow else None for _ in specs]
+    report = _simulate_with_progress(trace, policies, settings, latency, args.no_progress, shadows)
     _emit(report, args)
     return 0
+
+
+def policy_context(trace: Trace, latency: LatencyModel, pool: PoolSettings) -> PolicyContext:
+    """What policies may use in simulation: the optimiser's table and the recorded future."""
+
+    def table(slo_s: float) -> PerformanceTable:
+        return performance_table(latency, pool.workers, slo_s, pool.warmup_s > 0, pool.routing)
+
+    truth = series_from_trace(trace, trace.duration_s / max(1, round(trace.duration_s)))
+    truth = RateSeries(truth.start_s, truth.step_s, truth.counts * trace.rate_scale)
+    return PolicyContext(slo_s=pool.slo_s, workers=pool.workers, table=table, truth=truth)
+
+
+def _events(args: argparse.Namespace, origin_s: float) -> tuple[Event, ...]:
+    """Declared events, with times compressed like the trace's under --time-scale."""
+    if args.events is None:
+        return ()
+    events = load_events(args.events)
+    k = args.time_scale
+    return tuple(
+        replace(
+            e,
+            start_s=origin_s + (e.start_s - origin_s) / k,
+            end_s=origin_s + (e.end_s - origin_s) / k,
+            ramp_up_s=e.ramp_up_s / k,
+            ramp_down_s=e.ramp_down_s / k,
+        )
+        for e in events
+    )
+
+
+GUARD_KEYS = {
+    "min_batch": int,
+    "max_batch": int,
+    "min_timeout": parse_duration_s,
+    "max_timeout": parse_duration_s,
+    "dwell": parse_duration_s,
+    "max_step": float,
+    "hysteresis": float,
+}
+
+
+def parse_guardrails(text: str) -> Guardrails:
+    """`min_batch=8,max_batch=128,dwell=60s`: errors name the key and the value."""
+    spec = parse_policy_spec("guard:" + text)
+    fields = {"min_timeout": "min_timeout_s", "max_timeout": "max_timeout_s", "dwell": "dwell_s"}
+    values = {}
+    for key, value in spec.options.items():
+        convert = GUARD_KEYS.get(key)
+        if convert is None:
+            raise InvalidInput(f"--guard: unknown key {key!r} (known: {', '.join(GUARD_KEYS)})")
+        try:
+            values[fields.get(key, key)] = convert(value)
+        except ValueError:
+            raise InvalidInput(f"--guard: {key} must be a number, got {value!r}") from None
+    return Guardrails(**values)
 
 
 def _load(args: argparse.Namespace) -> Trace:
@@ -181,7 +277,9 @@ def _load(args: argparse.Namespace) -> Trace:
     )
 
 
-def _simulate_with_progress(trace, policies, settings, latency, no_progress) -> SimulationReport:
+def _simulate_with_progress(
+    trace, policies, settings, latency, no_progress, shadows=None
+) -> SimulationReport:
     with tqdm(
         total=round(trace.duration_s),
         unit="sim-s",
@@ -194,7 +292,7 @@ def _simulate_with_progress(trace, policies, settings, latency, no_progress) -> 
         def advance(t_s: float) -> None:
             bar.update(round(t_s) - bar.n)
 
-        return simulate(trace, policies, settings, latency, on_progress=advance)
+        return simulate(trace, policies, settings, latency, on_progress=advance, shadows=shadows)
 
 
 def _emit(report: SimulationReport, args: argparse.Namespace) -> None:

@@ -158,6 +158,7 @@ class SimulatedPool:
         self._warmup: WarmupTracker | None = None  # made on the first tick, warm for its cap
         self._requested_cap = 0
         self._padded = settings.warmup_s > 0
+        self.served_max_batch = 0  # the cap the workers ran in the last tick
 
     @property
     def queue_depth(self) -> int:
@@ -166,10 +167,13 @@ class SimulatedPool:
     def applicable(self, config: BatchConfig) -> BatchConfig:
         """The config as the pool can run it: clamped to the memory limit, noted once."""
         cap = self.max_feasible_batch
-        if cap is None or config.max_batch_size <= cap:
+        if cap is None or config.warm_target <= cap:
             return config
-        self.clamped_from = max(self.clamped_from or 0, config.max_batch_size)
-        return BatchConfig(cap, config.timeout_s)
+        if config.max_batch_size > cap:
+            self.clamped_from = max(self.clamped_from or 0, config.max_batch_size)
+        return BatchConfig(
+            min(cap, config.max_batch_size), config.timeout_s, min(cap, config.warm_max_batch)
+        )
 
     def serving(self, config: BatchConfig, now: float) -> BatchConfig:
         """The config the workers run at `now` when asked for `config`: clamped to memory,
@@ -177,12 +181,12 @@ class SimulatedPool:
         config = self.applicable(config)
         if not self._padded:
             return config
-        cap = config.max_batch_size
+        cap, warm = config.max_batch_size, config.warm_target
         if self._warmup is None:
-            self._warmup = WarmupTracker(self.settings.warmup_s, cap)
-        if cap != self._requested_cap:
-            self._warmup.request(cap, now)
-            self._requested_cap = cap
+            self._warmup = WarmupTracker(self.settings.warmup_s, warm)
+        if warm != self._requested_cap:
+            self._warmup.request(warm, now)
+            self._requested_cap = warm
         served = self._warmup.effective_cap(cap, now)
         return config if served == cap else BatchConfig(served, config.timeout_s)
 
@@ -196,6 +200,7 @@ class SimulatedPool:
         """Run the pool from t_start to t_end under `config`, taking `arrivals` (sorted)."""
         # Runs once per tick per policy: keep the Python side lean (no numpy reductions).
         config = self.serving(config, t_start)
+        self.served_max_batch = config.max_batch_size
         table = self._service_table(config.max_batch_size)
         arriving = arrivals.shape[0]
         incoming = arriving + self._depth

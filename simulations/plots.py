@@ -14,12 +14,43 @@ from simulations.run import SimulationReport
 
 
 def write_plots(report: SimulationReport, out_dir: Path) -> list[Path]:
-    """arrival_rate.png, p99.png and batching.png; returns the paths written."""
-    paths = [out_dir / "arrival_rate.png", out_dir / "p99.png", out_dir / "batching.png"]
+    """arrival_rate.png, p99.png, batching.png and control.png; returns the paths."""
+    names = ("arrival_rate.png", "p99.png", "batching.png", "control.png")
+    paths = [out_dir / name for name in names]
     _plot_arrivals(report, paths[0])
     _plot_p99(report, paths[1])
     _plot_batching(report, paths[2])
+    _plot_control(report, paths[3])
     return paths
+
+
+def _plot_control(report: SimulationReport, path: Path) -> None:
+    """One row per policy: load with its forecast band, the batch config, p99 vs SLO."""
+    count = len(report.results)
+    fig, axes = plt.subplots(count, 3, figsize=(16, 2.8 * count), sharex=True, squeeze=False)
+    for (load, config, p99), result in zip(axes, report.results, strict=True):
+        rows = result.timeline
+        hours = _hours(rows)
+        load.plot(hours, [r.arrival_rate_rps for r in rows], lw=0.7, label="actual")
+        upper = [np.nan if r.forecast_upper_rps is None else r.forecast_upper_rps for r in rows]
+        mean = [np.nan if r.forecast_rps is None else r.forecast_rps for r in rows]
+        load.plot(hours, mean, lw=0.7, label="forecast")
+        load.fill_between(hours, mean, upper, alpha=0.3, label="to upper bound")
+        load.set(ylabel="req/s", title=result.policy)
+        load.legend(fontsize=6)
+        config.step(hours, [r.max_batch_size for r in rows], lw=0.8, label="cap asked")
+        config.step(hours, [r.served_max_batch for r in rows], lw=0.8, label="cap served")
+        config.set(ylabel="max batch", yscale="log", title="batch cap and timeout")
+        config.legend(fontsize=6, loc="upper left")
+        timeout = config.twinx()
+        timeout.step(hours, [r.timeout_ms for r in rows], lw=0.6, color="grey")
+        timeout.set_ylabel("timeout (ms)", fontsize=7)
+        p99.plot(hours, [np.nan if r.p99_ms is None else r.p99_ms for r in rows], lw=0.7)
+        p99.axhline(report.slo_s * 1e3, color="red", ls="--", lw=1)
+        p99.set(ylabel="p99 (ms)", yscale="log", title="p99 per window vs SLO")
+    for ax in axes[-1]:
+        ax.set_xlabel("hours")
+    _save(fig, path)
 
 
 def _hours(rows) -> np.ndarray:

@@ -33,13 +33,16 @@ def policy_summary(result: PolicyResult) -> dict[str, Any]:
             "mean": _ms(latency.mean_s),
         },
         "slo_attainment": round(result.slo_attainment, 6),
+        "slo_attainment_worst_10min": round(result.worst_window_attainment(600.0), 6),
         "mean_batch_size": round(result.mean_batch_size, 4),
         "batch_fill_ratio": round(result.batch_fill_ratio, 4),
         "utilization": round(result.utilization, 4),
         "busy_seconds": round(result.busy_s, 4),
+        "busy_seconds_per_1k": round(result.busy_seconds_per_1k, 6),
         "wall_s": round(result.wall_s, 3),
         "sim_requests_per_s": round(result.sim_requests_per_s),
         "config_changes": result.config_changes,
+        "fallback_s": round(result.fallback_s, 3),
         "clamped_max_batch": (
             {"requested": result.clamped_from, "applied": result.max_feasible_batch}
             if result.clamped_from
@@ -83,7 +86,8 @@ def format_table(report: SimulationReport) -> str:
     """The side-by-side comparison, one row per policy."""
     header = (
         f"{'policy':<38} {'p50 ms':>8} {'p99 ms':>9} {'p99.9 ms':>9} {'SLO %':>7} "
-        f"{'shed':>8} {'batch':>6} {'fill':>5} {'util':>5} {'busy s':>9} {'thr rps':>9}"
+        f"{'worst10m':>8} {'shed':>8} {'batch':>6} {'fill':>5} {'util':>5} "
+        f"{'busy/1k':>8} {'changes':>7} {'fallbk s':>8}"
     )
     lines = [
         f"trace {report.trace}: {report.requests:,} requests, {report.workers} workers, "
@@ -95,9 +99,10 @@ def format_table(report: SimulationReport) -> str:
         lat = r.latency
         lines.append(
             f"{r.policy:<38} {_fmt(lat.p50_s, 1e3, 8)} {_fmt(lat.p99_s, 1e3, 9)} "
-            f"{_fmt(lat.p999_s, 1e3, 9)} {r.slo_attainment * 100:>7.2f} {r.shed:>8} "
+            f"{_fmt(lat.p999_s, 1e3, 9)} {r.slo_attainment * 100:>7.2f} "
+            f"{r.worst_window_attainment(600.0) * 100:>8.2f} {r.shed:>8} "
             f"{r.mean_batch_size:>6.1f} {r.batch_fill_ratio:>5.2f} {r.utilization:>5.2f} "
-            f"{r.busy_s:>9.0f} {r.throughput_rps:>9.0f}"
+            f"{r.busy_seconds_per_1k:>8.3f} {r.config_changes:>7} {r.fallback_s:>8.0f}"
         )
     lines.extend(f"note: {n}" for n in report_notes(report))
     return "\n".join(lines)
@@ -119,10 +124,20 @@ def write_outputs(report: SimulationReport, out_dir: Path) -> list[Path]:
     summary.write_text(json.dumps(summary_dict(report), indent=2) + "\n")
     written = [summary]
     for result in report.results:
-        path = out_dir / f"timeline-{policy_file_stem(result.policy)}.csv"
+        stem = policy_file_stem(result.policy)
+        path = out_dir / f"timeline-{stem}.csv"
         _write_timeline(result, path)
-        written.append(path)
+        decisions = out_dir / f"decisions-{stem}.jsonl"
+        _write_decisions(result, decisions)
+        written.extend((path, decisions))
     return written
+
+
+def _write_decisions(result: PolicyResult, path: Path) -> None:
+    """The controller's kept decision records, one JSON object per line."""
+    with path.open("w") as handle:
+        for record in result.decisions:
+            handle.write(json.dumps(record.to_dict()) + "\n")
 
 
 def _write_timeline(result: PolicyResult, path: Path) -> None:

@@ -16,11 +16,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from adaptive.config import BatchConfig
+from adaptive.bus import InMemoryBus, PoolStats
+from adaptive.clock import ManualClock
+from adaptive.controller import Controller, ControllerSettings
+from adaptive.decisions import DecisionRecord, Mode
 from adaptive.errors import InvalidInput
+from adaptive.guards import Guardrails
 from adaptive.histogram import NUM_BUCKETS, LatencyHistogram, LatencySummary
 from adaptive.latency import LatencyModel
-from adaptive.policy import Observation, Policy, Snapshot
+from adaptive.policy import Observation, Policy
+from forecaster.events import Event
 from simulations.arrivals import ArrivalStream
 from simulations.engine import PoolSettings, SimulatedPool, TickStats
 from simulations.timeline import TimelineBuilder, WindowRow
@@ -36,6 +41,9 @@ class SimulationSettings:
     window_s: float = 10.0
     chunk_s: float = 60.0
     seed: int = 0
+    events: tuple[Event, ...] = ()
+    origin_s: float = 0.0
+    guardrails: Guardrails = field(default_factory=Guardrails)
 
     def __post_init__(self) -> None:
         if self.tick_s <= 0:
@@ -71,6 +79,8 @@ class PolicyResult:
     wall_s: float
     config_changes: int
     timeline: tuple[WindowRow, ...]
+    fallback_s: float = 0.0
+    decisions: tuple[DecisionRecord, ...] = field(default=(), repr=False)
     clamped_from: int | None = None
     max_feasible_batch: int | None = None
     safety_shed: bool = False
@@ -101,6 +111,25 @@ class PolicyResult:
     def sim_requests_per_s(self) -> float:
         return self.requests / self.wall_s if self.wall_s else 0.0
 
+    @property
+    def busy_seconds_per_1k(self) -> float:
+        """GPU busy seconds per 1,000 completed requests: the cost of serving."""
+        return 1e3 * self.busy_s / self.completed if self.completed else 0.0
+
+    def worst_window_attainment(self, span_s: float = 600.0) -> float:
+        """The lowest SLO attainment over any `span_s` of consecutive timeline windows."""
+        rows = self.timeline
+        if not rows:
+            return 1.0
+        width = max(1, round(span_s / (rows[0].end_s - rows[0].start_s)))
+        offered = np.array([r.completed + r.shed for r in rows], dtype=np.float64)
+        within = np.array([r.within_slo for r in rows], dtype=np.float64)
+        kernel = np.ones(min(width, len(rows)))
+        offered_sums = np.convolve(offered, kernel, mode="valid")
+        within_sums = np.convolve(within, kernel, mode="valid")
+        busy = offered_sums > 0
+        return float((within_sums[busy] / offered_sums[busy]).min()) if busy.any() else 1.0
+
 
 @dataclass(frozen=True)
 class SimulationReport:
@@ -118,14 +147,38 @@ class SimulationReport:
 
 
 class _PolicyRun:
-    """One policy driving one simulated pool."""
+    """One policy's controller driving one simulated pool, through an in-memory bus."""
 
-    def __init__(self, policy: Policy, pool: SimulatedPool, settings: SimulationSettings) -> None:
+    POOL = "simulated"
+
+    def __init__(
+        self,
+        policy: Policy,
+        pool: SimulatedPool,
+        settings: SimulationSettings,
+        shadow: Policy | None = None,
+    ) -> None:
         self.policy = policy
         self.pool = pool
         self.settings = settings
-        self.config: BatchConfig = policy.initial_config()
-        self.config_changes = 0
+        self.clock = ManualClock()
+        self.bus = InMemoryBus()
+        self.controller = Controller(
+            policy,
+            self.bus,
+            self.clock,
+            ControllerSettings(
+                pool=self.POOL,
+                slo_s=settings.pool.slo_s,
+                tick_s=settings.tick_s,
+                workers=settings.pool.workers,
+                warmup_s=settings.pool.warmup_s,
+                origin_s=settings.origin_s,
+                events=settings.events,
+                guardrails=settings.guardrails,
+            ),
+            shadow=shadow,
+        )
         self.timeline = TimelineBuilder(settings.window_s, settings.pool.workers)
         self.counts = [0, 0, 0, 0, 0, 0.0]  # completed shed within_slo batches size fill
         self.busy_s = 0.0
@@ -137,9 +190,19 @@ class _PolicyRun:
 
     def tick(self, t_start: float, t_end: float, arrivals: np.ndarray) -> None:
         started = time.perf_counter()
-        stats = self.pool.advance(t_start, t_end, arrivals, self.config)
+        controller = self.controller
+        stats = self.pool.advance(t_start, t_end, arrivals, controller.config)
         self._accumulate(stats)
-        self._decide(t_end, stats)
+        self.clock.set(t_end)
+        self.bus.publish_stats(
+            self.POOL,
+            PoolStats(
+                _observation(t_end, self.settings, stats),
+                self.pool.warmup_status(t_end),
+                controller.version,
+            ),
+        )
+        controller.tick()
         self.wall_s += time.perf_counter() - started
 
     def _accumulate(self, s: TickStats) -> None:
@@ -157,20 +220,6 @@ class _PolicyRun:
             self.window_hist += self.pool.tick_histogram
         self.timeline.add_tick(s)
 
-    def _decide(self, now: float, s: TickStats) -> None:
-        observation = _observation(now, self.settings, s)
-        snapshot = Snapshot(
-            now=now,
-            observation=observation,
-            config=self.config,
-            slo_s=self.settings.pool.slo_s,
-            workers=self.settings.pool.workers,
-        )
-        chosen = self.policy.decide(snapshot).config
-        if chosen != self.config:
-            self.config_changes += 1
-            self.config = chosen
-
     def run_block(self, ticks: list[_Tick]) -> None:
         per_window = self.settings.ticks_per_window
         for tick in ticks:
@@ -181,7 +230,17 @@ class _PolicyRun:
     def close_window(self, end_s: float) -> None:
         if self.timeline.rows and self.timeline.rows[-1].end_s >= end_s:
             return
-        self.timeline.close_window(end_s, self.window_hist, self.config)
+        last = self.controller.last
+        forecast = None if last is None else last.forecast
+        self.timeline.close_window(
+            end_s,
+            self.window_hist,
+            self.controller.config,
+            served_max_batch=self.pool.served_max_batch,
+            forecast_rps=None if forecast is None else forecast.mean_rps_now,
+            forecast_upper_rps=None if forecast is None else forecast.upper_rps_now,
+            fallback=self.controller.mode is Mode.FALLBACK,
+        )
         self.total_hist += self.window_hist
         self.window_hist[:] = 0
 
@@ -209,8 +268,10 @@ class _PolicyRun:
             workers=settings.workers,
             span_s=span_s,
             wall_s=self.wall_s,
-            config_changes=self.config_changes,
+            config_changes=self.controller.config_changes,
             timeline=tuple(self.timeline.rows),
+            fallback_s=self.controller.fallback_s,
+            decisions=tuple(self.controller.records),
             clamped_from=self.pool.clamped_from,
             max_feasible_batch=self.pool.max_feasible_batch,
             safety_shed=settings.max_queue is None and shed > 0,
@@ -231,6 +292,8 @@ def _observation(now: float, settings: SimulationSettings, s: TickStats) -> Obse
         mean_batch_size=s.batch_size_sum / s.batches if s.batches else None,
         batch_fill_ratio=s.fill_sum / s.batches if s.batches else None,
         utilization=s.busy_s / (settings.pool.workers * settings.tick_s),
+        batches=s.batches,
+        busy_s=s.busy_s,
     )
 
 
@@ -243,17 +306,19 @@ def simulate(
     settings: SimulationSettings,
     latency: LatencyModel,
     on_progress: ProgressCallback | None = None,
+    shadows: Sequence[Policy | None] | None = None,
 ) -> SimulationReport:
-    """Replay `trace` once per policy, on the same arrivals, and summarise each."""
+    """Replay `trace` once per policy, on the same arrivals, and summarise each.
+
+    `shadows[i]`, when given, decides beside policy i and is only recorded."""
     arrival_seed, jitter_seed = np.random.SeedSequence(settings.seed).spawn(2)
     stream = ArrivalStream(
         trace.arrival_chunks(settings.chunk_s, np.random.default_rng(arrival_seed))
     )
+    shadows = list(shadows) if shadows is not None else [None] * len(policies)
     runs = [
-        _PolicyRun(
-            p, SimulatedPool(settings.pool, latency, np.random.default_rng(jitter_seed)), settings
-        )
-        for p in policies
+        _PolicyRun(p, _pool(settings, latency, jitter_seed), settings, shadow)
+        for p, shadow in zip(policies, shadows, strict=True)
     ]
     requests = _replay(stream, runs, settings, trace.duration_s, on_progress)
     return SimulationReport(

@@ -28,6 +28,11 @@ class WindowRow:
     max_queue_depth: int
     max_batch_size: int
     timeout_ms: float
+    within_slo: int = 0
+    served_max_batch: int = 0
+    forecast_rps: float | None = None
+    forecast_upper_rps: float | None = None
+    fallback: bool = False
 
     @property
     def arrival_rate_rps(self) -> float:
@@ -47,8 +52,20 @@ class TimelineBuilder:
     def add_tick(self, stats: TickStats) -> None:
         self._ticks.append(stats)
 
-    def close_window(self, end_s: float, window_counts: np.ndarray, config: BatchConfig) -> None:
-        """End the window at end_s; `window_counts` is its latency histogram."""
+    def close_window(
+        self,
+        end_s: float,
+        window_counts: np.ndarray,
+        config: BatchConfig,
+        *,
+        served_max_batch: int = 0,
+        forecast_rps: float | None = None,
+        forecast_upper_rps: float | None = None,
+        fallback: bool = False,
+    ) -> None:
+        """End the window at end_s; `window_counts` is its latency histogram, `config`
+        the controller's config at its end and `served_max_batch` the cap the workers ran
+        (smaller while buckets warm)."""
         ticks = self._ticks
         batches = sum(t.batches for t in ticks)
         span = end_s - self._start_s
@@ -69,6 +86,11 @@ class TimelineBuilder:
                 max_queue_depth=max((t.max_queue_depth for t in ticks), default=0),
                 max_batch_size=config.max_batch_size,
                 timeout_ms=config.timeout_s * 1e3,
+                within_slo=sum(t.within_slo for t in ticks),
+                served_max_batch=served_max_batch or config.max_batch_size,
+                forecast_rps=forecast_rps,
+                forecast_upper_rps=forecast_upper_rps,
+                fallback=fallback,
             )
         )
         self._start_s = end_s
