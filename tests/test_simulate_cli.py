@@ -78,6 +78,9 @@ def test_out_dir_gets_summary_timelines_and_plots(capsys, small_trace, tmp_path)
     assert names == [
         "arrival_rate.png",
         "batching.png",
+        "control.png",
+        "decisions-static-max_batch-16-timeout-5ms.jsonl",
+        "decisions-static-max_batch-4-timeout-2ms.jsonl",
         "p99.png",
         "summary.json",
         "timeline-static-max_batch-16-timeout-5ms.csv",
