@@ -58,19 +58,20 @@ class AimdPolicy:
     def decide(self, snapshot: Snapshot) -> Decision:
         seen = snapshot.observation
         serving = snapshot.serving_cap
-        p99 = seen.latency_p99_s
-        if p99 is not None and p99 > snapshot.slo_s:
+        if not seen.batches:
+            return Decision(BatchConfig(self._cap, self.timeout_s), "no batches ran: holding")
+        batch_s = seen.busy_s / seen.batches
+        budget_s = self.budget * snapshot.slo_s
+        missed = batch_s > budget_s
+        if missed:
             self._cap = max(1, min(self._cap, math.floor(serving * self.backoff)))
             reason = (
-                f"p99 {p99 * 1e3:.0f} ms missed the {snapshot.slo_s * 1e3:g} ms SLO: "
-                f"cap cut to {self._cap}"
+                f"batches took {batch_s * 1e3:.1f} ms, over the {budget_s * 1e3:g} ms "
+                f"budget: cap cut to {self._cap}"
             )
-        elif p99 is not None and (seen.mean_batch_size or 0) >= self.fill * serving:
+        elif (seen.mean_batch_size or 0) >= self.fill * serving:
             self._cap = min(self.max_batch, max(self._cap, serving + self.step))
-            reason = (
-                f"p99 {p99 * 1e3:.0f} ms under the SLO with full batches: cap up to {self._cap}"
-            )
+            reason = f"full batches within budget ({batch_s * 1e3:.1f} ms): cap up to {self._cap}"
         else:
             reason = "batches do not fill the cap: holding"
-        missed = p99 is not None and p99 > snapshot.slo_s
         return Decision(BatchConfig(self._cap, self.timeout_s), reason, protective=missed)

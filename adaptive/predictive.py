@@ -37,6 +37,7 @@ class PredictivePolicy:
     name: str = "predictive"
     uses_events: bool = True
     _needs: tuple[Forecast, list[int]] | None = field(default=None, init=False, repr=False)
+    _observed_rps: float | None = field(default=None, init=False, repr=False)
     spec_text: str = "predictive"
 
     @property
@@ -60,10 +61,12 @@ class PredictivePolicy:
         forecast = snapshot.forecast
         if forecast is None:
             raise ValueError("predictive policy needs a forecast in the snapshot")
-        # Serve for the load expected now; keep warm what the upper bound may need.
-        now_rps = max(snapshot.observation.arrival_rate_rps, float(forecast.mean_rps[0]))
-        choice = self.optimizer.choose(now_rps)
+        # Serve for the load expected now (the forecast, or what is arriving if more);
+        # keep warm what the upper bound may need.
         upper_rps = forecast.upper_rps
+        observed = self._smoothed(snapshot.observation.arrival_rate_rps, float(upper_rps[0]))
+        now_rps = max(observed, float(forecast.mean_rps[0]))
+        choice = self.optimizer.choose(now_rps)
         warm = self.optimizer.choose(float(upper_rps[0])).config.max_batch_size
         ahead = self._look_ahead(snapshot, forecast.times_s, upper_rps, warm)
         if ahead is not None:
@@ -83,6 +86,13 @@ class PredictivePolicy:
             alternatives=choice.alternatives,
             protective=current_p99_s > self.optimizer.target_p99_s,
         )
+
+    def _smoothed(self, rate_rps: float, upper_rps: float) -> float:
+        """Observed rate smoothed over a few ticks, so per-tick noise does not move the
+        timeout back and forth; a surge (20% above the forecast band) counts at once."""
+        previous = self._observed_rps if self._observed_rps is not None else rate_rps
+        self._observed_rps = previous + 0.3 * (rate_rps - previous)
+        return rate_rps if rate_rps > 1.2 * upper_rps else self._observed_rps
 
     def _caps_needed(self, forecast: Forecast) -> list[int]:
         """The cap each forecast step's upper bound needs; computed once per forecast."""
@@ -110,11 +120,14 @@ class PredictivePolicy:
         if not warming:
             return serve
         at_s, rate_rps = ahead[:2] if ahead is not None else (0.0, upper_now_rps)
+        capacity_rps = self.optimizer.capacity_rps(snapshot.warm_cap)
+        if rate_rps > capacity_rps:
+            why = f"exceeds what batch {snapshot.warm_cap} can serve ({_rate(capacity_rps)})"
+        else:
+            why = f"is served most cheaply with batch {config.warm_target}"
         return (
-            f"forecast upper bound {_rate(rate_rps)} at +{max(at_s, 0):.0f} s exceeds what "
-            f"batch {snapshot.warm_cap} can serve "
-            f"({_rate(self.optimizer.capacity_rps(snapshot.warm_cap))}); warming "
-            f"{_and(warming)} now; {serve}"
+            f"forecast upper bound {_rate(rate_rps)} at +{max(at_s, 0):.0f} s {why}; "
+            f"warming {_and(warming)} now; {serve}"
         )
 
     def _look_ahead(

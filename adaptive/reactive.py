@@ -80,9 +80,11 @@ class ReactivePolicy:
             return Decision(snapshot.config, "no batches seen yet: holding")
         # Backlog counts as load still to serve within the next tick.
         planned = max(rate, self._rate_rps) + seen.queue_depth / snapshot.tick_s
-        return self._choose(planned, snapshot)
+        return self._choose(planned, self._rate_rps, snapshot)
 
-    def _choose(self, rate_rps: float, snapshot: Snapshot) -> Decision:
+    def _choose(self, rate_rps: float, smoothed_rps: float, snapshot: Snapshot) -> Decision:
+        """Cap for the planned rate (peaks count); timeout for the smoothed rate, so that
+        tick-to-tick noise does not move it."""
         a, b = self.fit.coefficients()
         budget_s = snapshot.slo_s / 2
         cap = 1
@@ -93,7 +95,7 @@ class ReactivePolicy:
         ):
             cap *= 2
         wait_s = budget_s - (a + b * cap)
-        timeout_s = max(0.0, min(wait_s, cap / max(rate_rps, 1e-9)))
+        timeout_s = max(0.0, min(wait_s, cap / max(smoothed_rps, 1e-9)))
         reason = (
             f"measured {rate_rps:,.0f} req/s; fitted service {a * 1e3:.2f} ms + "
             f"{b * 1e3:.3f} ms/request: cap {cap} keeps utilisation under {self.utilization:.0%}"

@@ -53,7 +53,9 @@ def _compile(
     full_batch_s = latency.mean_s(caps.astype(np.float64))  # powers of two: padding is a no-op
     rates = _rate_grid(workers, caps, full_batch_s)
     configs = [
-        (int(cap), slo_s * fraction) for cap in caps for fraction in TIMEOUT_FRACTIONS_OF_SLO
+        (int(cap), round(slo_s * fraction, 6))
+        for cap in caps
+        for fraction in TIMEOUT_FRACTIONS_OF_SLO
     ]
     settings = PoolSettings(workers, slo_s, routing, warmup_s=1.0 if padded else 0.0)
     capacity = dict(zip(caps.tolist(), workers * caps / full_batch_s, strict=True))

@@ -1,0 +1,194 @@
+"""Policies and the controller on small synthetic traces, through the real simulator."""
+
+import itertools
+import time
+
+import numpy as np
+import pytest
+
+from adaptive.bus import InMemoryBus, PoolStats
+from adaptive.clock import ManualClock
+from adaptive.config import BatchConfig
+from adaptive.controller import Controller, ControllerSettings
+from adaptive.decisions import Mode
+from adaptive.errors import InvalidInput
+from adaptive.guards import Guard, Guardrails
+from adaptive.latency import LinearLatency
+from adaptive.policy import Observation
+from adaptive.specs import PolicyContext, build_policy
+from forecaster.events import Event
+from forecaster.series import RateSeries
+from server.clock import WallClock
+from simulations.cli import policy_context
+from simulations.engine import PoolSettings
+from simulations.run import SimulationSettings, simulate
+from simulations.traces import CountTrace
+
+LATENCY = LinearLatency(base_s=0.005, per_item_s=0.0004)
+
+
+def run(counts, specs, *, events=(), workers=4, warmup_s=20.0, truth=None, shadow=None):
+    trace = CountTrace("synthetic", 1.0, np.asarray(counts, dtype=float))
+    pool = PoolSettings(workers, 0.1, warmup_s=warmup_s)
+    context = policy_context(trace, LATENCY, pool)
+    if truth is not None:
+        context = PolicyContext(context.slo_s, context.workers, context.table, truth)
+    policies = [build_policy(s, context) for s in specs]
+    shadows = [build_policy(shadow, context) if shadow else None for _ in specs]
+    settings = SimulationSettings(pool=pool, events=tuple(events))
+    return simulate(trace, policies, settings, LATENCY, shadows=shadows).results
+
+
+def window(result, start_s):
+    return next(row for row in result.timeline if row.start_s == start_s)
+
+
+def test_predictive_warms_before_a_declared_step_and_aimd_only_after():
+    counts = [400] * 300 + [6000] * 300
+    step = Event("launch", start_s=300.0, end_s=600.0, multiplier=15.0)
+    predictive, aimd = run(counts, ["predictive", "aimd"], events=[step])
+
+    warming = [d for d in predictive.decisions if d.chosen.warm_target >= 64]
+    assert warming and warming[0].at_s < 300 - 40  # two buckets of 20 s before the step
+    assert "warming" in warming[0].reason and "forecast upper bound" in warming[0].reason
+    assert window(predictive, 300.0).served_max_batch >= 64
+
+    grown = [d for d in aimd.decisions if d.chosen.max_batch_size > 32]
+    assert grown and grown[0].at_s >= 300
+    assert window(aimd, 300.0).served_max_batch < 64
+
+    def violations(result):
+        rows = [r for r in result.timeline if r.start_s >= 300]
+        return sum(r.completed + r.shed - r.within_slo for r in rows)
+
+    assert violations(predictive) * 5 < violations(aimd)
+
+
+def test_no_flapping_on_a_noisy_flat_trace():
+    """Proposals jitter with the noise; applied changes never reverse within the dwell
+    (60 s) and stay rare."""
+    rng = np.random.default_rng(3)
+    counts = rng.normal(3000, 150, size=1200).clip(0)  # on top of Poisson arrivals
+    for result in run(counts, ["predictive", "reactive", "aimd"]):
+        changes = [d for d in result.decisions if d.changed and d.at_s > 60]
+        assert len(changes) <= 8, (result.policy, [(d.at_s, d.chosen) for d in changes])
+        for before, after in itertools.pairwise(changes):
+            if _direction(before) * _direction(after) < 0:
+                assert after.at_s - before.at_s >= 60, (result.policy, before, after)
+
+
+def _direction(record) -> int:
+    """+1 for a move towards latency (larger cap, shorter timeout), -1 towards cost."""
+    old, new = record.previous, record.chosen
+    if new.max_batch_size != old.max_batch_size:
+        return 1 if new.max_batch_size > old.max_batch_size else -1
+    return 1 if new.timeout_s < old.timeout_s else -1
+
+
+def test_falls_back_when_load_leaves_the_forecast_band_and_returns():
+    counts = [1000] * 200 + [4000] * 200 + [1000] * 600
+    believed = RateSeries(0.0, 1.0, np.full(1000, 1000.0))  # a forecast that misses the jump
+    (result,) = run(counts, ["oracle"], truth=believed)
+    modes = [(d.at_s, d.mode) for d in result.decisions if d.mode is Mode.FALLBACK]
+    assert modes, "never fell back"
+    first = modes[0][0]
+    assert 250 <= first <= 280  # 60 s outside the band, counted from the first bad step
+    entering = next(d for d in result.decisions if d.mode is Mode.FALLBACK)
+    assert "outside the forecast band" in entering.reason and "reactive" in entering.reason
+    back = [d for d in result.decisions if d.mode is Mode.ACTIVE and d.at_s > first]
+    assert back and back[0].at_s >= 400 + 300  # recovers after 300 s back inside the band
+    assert 300 <= result.fallback_s <= 520
+
+
+def test_shadow_decisions_are_recorded_and_never_applied():
+    counts = [400] * 120 + [5000] * 120
+    (result,) = run(counts, ["static:max_batch=16,timeout=5ms"], shadow="aimd")
+    assert result.config_changes == 0
+    assert {row.max_batch_size for row in result.timeline} == {16}
+    shadows = [d.shadow for d in result.decisions if d.shadow is not None]
+    assert shadows and shadows[0].policy.startswith("aimd")
+    assert any(s.config.max_batch_size > 16 for s in shadows)
+    assert all(d.chosen == BatchConfig(16, 0.005) for d in result.decisions)
+
+
+def observations(n):
+    rng = np.random.default_rng(9)
+    for _i in range(n):
+        arrivals = int(rng.integers(100, 4000))
+        batches = max(1, arrivals // int(rng.integers(1, 40)))
+        yield Observation(
+            ended_at=0.0,
+            window_s=0.01,
+            arrivals=arrivals,
+            completed=arrivals,
+            shed=0,
+            queue_depth=int(rng.integers(0, 50)),
+            latency_p50_s=0.01,
+            latency_p99_s=float(rng.uniform(0.01, 0.2)),
+            mean_batch_size=arrivals / batches,
+            batch_fill_ratio=0.5,
+            utilization=0.5,
+            batches=batches,
+            busy_s=batches * (0.005 + 0.0004 * arrivals / batches),
+        )
+
+
+@pytest.mark.parametrize("spec", ["reactive", "aimd"])
+def test_controller_runs_identically_under_the_simulated_and_the_wall_clock(spec):
+    tick_s = 0.01
+    settings = ControllerSettings(
+        tick_s=tick_s, workers=4, guardrails=Guardrails(dwell_s=5 * tick_s)
+    )
+
+    def drive(clock, wait):
+        bus = InMemoryBus()
+        controller = Controller(build_policy(spec, PolicyContext(0.1, 4)), bus, clock, settings)
+        chosen = []
+        for observation in observations(60):
+            wait()
+            bus.publish_stats("default", PoolStats(observation))
+            chosen.append(controller.tick().chosen)
+        return chosen
+
+    manual = ManualClock()
+    simulated = drive(manual, lambda: manual.advance(tick_s))
+    wall = WallClock()
+    deadline = [wall.now()]
+
+    def sleep_to_next_tick():
+        deadline[0] += tick_s
+        time.sleep(max(0.0, deadline[0] - wall.now()))
+
+    live = drive(wall, sleep_to_next_tick)
+    assert live == simulated
+    assert len(set(simulated)) > 2  # the policy did move
+
+
+def test_guard_holds_cost_saving_moves_for_the_dwell_and_applies_protective_ones_at_once():
+    guard = Guard(Guardrails(dwell_s=60.0, max_step=4.0, max_batch=256))
+    big = BatchConfig(128, 0.010)
+    config, note = guard.apply(0.0, big, BatchConfig(32, 0.010))
+    assert config == big and "dwell" in note
+    config, _ = guard.apply(30.0, big, BatchConfig(64, 0.010))
+    assert config == big
+    config, _ = guard.apply(60.0, big, BatchConfig(32, 0.010))
+    assert config == BatchConfig(64, 0.010)  # the most cautious proposal of the dwell
+    config, note = guard.apply(61.0, BatchConfig(8, 0.010), BatchConfig(512, 0.010))
+    assert config.max_batch_size == 32 and "x4" in note  # step limit, then bounds
+    config, _ = guard.apply(62.0, big, BatchConfig(16, 0.010), protective=True)
+    assert config == BatchConfig(16, 0.010)
+    config, _ = guard.apply(63.0, big, BatchConfig(128, 0.011))
+    assert config is big  # within the timeout hysteresis
+
+
+def test_policy_specs_parse_options_and_reject_bad_ones():
+    context = PolicyContext(0.1, 4)
+    assert build_policy("aimd:step=8,timeout=2ms", context).spec.startswith("aimd:step=8")
+    with pytest.raises(InvalidInput, match="unknown option 'speed'"):
+        build_policy("aimd:speed=3", context)
+    with pytest.raises(InvalidInput, match="simulation only"):
+        build_policy("oracle", context)
+    with pytest.raises(InvalidInput, match="backoff must be in"):
+        build_policy("aimd:backoff=2", context)
+    with pytest.raises(InvalidInput, match="needs a latency model"):
+        build_policy("predictive", context)
