@@ -115,6 +115,11 @@ def test_memory_limit_clamps_and_says_so(capsys, small_trace):
         (["--policy", "bogus"], "unknown policy 'bogus'"),
         (["--policy", "static:size=3"], "unknown option 'size'"),
         (["--latency-model", "linear:5"], "expected linear:BASE_MS,PER_ITEM_MS"),
+        (["--guard", "dwell=soon"], "dwell"),
+        (["--guard", "speed=3"], "--guard: unknown key 'speed'"),
+        (["--guard", "min_batch=64,max_batch=8"], "min_batch <= max_batch"),
+        (["--events", "nowhere.yaml"], "nowhere.yaml: no such events file"),
+        (["--policy", "predictive:lead=soon"], "lead"),
     ],
 )
 def test_user_errors_are_one_line_and_exit_2(capsys, small_trace, argv, message):
@@ -144,3 +149,31 @@ def test_malformed_trace_through_the_command_line(tmp_path):
     assert result.stderr.strip() == (
         f"simulate: error: {bad}:3: cannot parse 'count' as a number in row '1,x'"
     )
+
+
+def test_adaptive_policies_side_by_side_with_decisions(capsys, tmp_path):
+    path = tmp_path / "step.csv"
+    rows = [f"{s},{300 if s < 120 else 3000}\n" for s in range(240)]
+    path.write_text("timestamp,count\n" + "".join(rows))
+    events = tmp_path / "events.yaml"
+    events.write_text("events:\n- {name: step, start: 120, end: 240, multiplier: 10}\n")
+    out = tmp_path / "out"
+    argv = ["--trace", str(path), "--events", str(events), "--warmup", "10s", "--workers", "4"]
+    for spec in ("static:max_batch=16,timeout=5ms", "aimd", "reactive", "predictive", "oracle"):
+        argv += ["--policy", spec]
+    summary = run_json(capsys, *argv, "--out", str(out), "--shadow", "reactive")
+    names = [p["policy"].split(":")[0] for p in summary["policies"]]
+    assert names == ["static", "aimd", "reactive", "predictive", "oracle"]
+    for policy in summary["policies"]:
+        assert 0 <= policy["slo_attainment_worst_10min"] <= policy["slo_attainment"] <= 1
+        assert policy["busy_seconds_per_1k"] > 0
+        assert policy["fallback_s"] >= 0 and policy["config_changes"] >= 0
+    predictive = summary["policies"][3]
+    assert predictive["config_changes"] > 0
+    lines = (out / "decisions-predictive.jsonl").read_text().splitlines()
+    record = json.loads(lines[-1])
+    assert {"at_s", "previous", "chosen", "reason", "inputs", "forecast", "alternatives"} <= set(
+        record
+    )
+    assert record["shadow"]["policy"].startswith("reactive")
+    assert (out / "control.png").stat().st_size > 0
