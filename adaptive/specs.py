@@ -108,10 +108,11 @@ def _built(spec: PolicySpec, build: Callable[[], Policy]) -> Policy:
 
 
 def _static(spec: PolicySpec, context: PolicyContext) -> Policy:
-    _reject_unknown(spec, {"max_batch", "timeout"})
+    _reject_unknown(spec, {"max_batch", "timeout", "warm"})
     max_batch = _int(spec, "max_batch", 32)
     timeout_s = _duration(spec, "timeout", 0.01)
-    return _built(spec, lambda: StaticPolicy(BatchConfig(max_batch, timeout_s)))
+    warm = _int(spec, "warm", 0)
+    return _built(spec, lambda: StaticPolicy(BatchConfig(max_batch, timeout_s, warm)))
 
 
 def _aimd(spec: PolicySpec, context: PolicyContext) -> Policy:
