@@ -100,6 +100,7 @@ class Controller:
             horizon_s=policy.horizon_s(settings.warmup_s, settings.tick_s),
             origin_s=settings.origin_s,
             events=settings.events if policy.uses_events else (),
+            history_s=policy.history_s,
         )
 
     def tick(self) -> DecisionRecord | None:

@@ -62,6 +62,7 @@ class ForecastFeed:
         self._pending = 0.0
         self._outside_since: float | None = None
         self._tried_empty = False
+        self._scored_stand_in = False
         self.forecast: Forecast | None = None
         self.steps_scored = 0
         self.steps_outside = 0
@@ -103,8 +104,8 @@ class ForecastFeed:
             self.forecast = self._predict()
 
     def _score(self, count: float, end_s: float) -> None:
-        if self.forecast is None or self.forecast.fallback is not None:
-            return
+        if self.forecast is None or self._scored_stand_in:
+            return  # a stand-in is not the model on trial
         self.steps_scored += 1
         # Counts are Poisson around the rate: allow three standard deviations of that noise.
         lower, upper = float(self.forecast.lower[0]), float(self.forecast.upper[0])
@@ -139,6 +140,7 @@ class ForecastFeed:
 
     def _predict(self) -> Forecast:
         forecast = self._fitted.predict(self.horizon_steps, self.level)
+        self._scored_stand_in = self._stand_in_reason is not None
         if self._stand_in_reason is None:
             return forecast
         return Forecast(

@@ -125,6 +125,7 @@ class ForecastingPolicy(Policy, Protocol):
     forecaster: Forecaster
     forecast_step_s: float
     uses_events: bool  # False for a forecaster that already knows them (the oracle)
+    history_s: float  # how much history the forecaster is refitted on
 
     def horizon_s(self, warmup_s: float, tick_s: float) -> float:
         """How far ahead the forecast must reach, given warm-up time and the tick."""

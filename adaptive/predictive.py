@@ -36,6 +36,7 @@ class PredictivePolicy:
     lead_s: float | None = None  # None: derived from warm-up time and the tick
     name: str = "predictive"
     uses_events: bool = True
+    history_s: float = 6 * 3600.0
     _needs: tuple[Forecast, list[int]] | None = field(default=None, init=False, repr=False)
     _observed_rps: float | None = field(default=None, init=False, repr=False)
     spec_text: str = "predictive"

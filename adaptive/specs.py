@@ -141,7 +141,7 @@ def _reactive(spec: PolicySpec, context: PolicyContext) -> Policy:
     )
 
 
-PLANNING_OPTIONS = {"lead", "slo", "margin", "step"}
+PLANNING_OPTIONS = {"lead", "slo", "margin", "step", "history"}
 
 
 def _optimizer(spec: PolicySpec, context: PolicyContext) -> ConfigOptimizer:
@@ -160,6 +160,7 @@ def _planning(spec: PolicySpec, context: PolicyContext, forecaster, name: str) -
         optimizer=_optimizer(spec, context),
         forecaster=forecaster,
         forecast_step_s=_duration(spec, "step", 10.0),
+        history_s=_duration(spec, "history", 6 * 3600.0),
         lead_s=None if lead == "auto" else _duration(spec, "lead", 0.0),
         name=name,
         spec_text=spec.text,

@@ -192,3 +192,14 @@ def test_policy_specs_parse_options_and_reject_bad_ones():
         build_policy("aimd:backoff=2", context)
     with pytest.raises(InvalidInput, match="needs a latency model"):
         build_policy("predictive", context)
+
+
+def test_the_issue_example_spec_builds_with_its_options():
+    trace = CountTrace("flat", 1.0, np.full(60, 100.0))
+    context = policy_context(trace, LATENCY, PoolSettings(4, 0.1, warmup_s=20.0))
+    policy = build_policy("predictive:forecaster=holt-winters,lead=auto,slo=100ms", context)
+    assert policy.forecaster.name == "holt-winters" and policy.lead_s is None
+    assert policy.horizon_s(warmup_s=20.0, tick_s=1.0) == pytest.approx(8 * 20 + 10 + 20 + 2)
+    fixed = build_policy("predictive:lead=90s,step=30s,history=2d", context)
+    assert fixed.horizon_s(20.0, 1.0) == 90 and fixed.forecast_step_s == 30
+    assert fixed.history_s == 2 * 86400
