@@ -75,6 +75,7 @@ class Controller:
         self.settings = settings
         self.shadow = shadow
         self.guard = Guard(settings.guardrails)
+        self._spec = policy.spec
         self.feed = self._feed(policy, settings)
         self.fallback = fallback or (ReactivePolicy() if self.feed is not None else None)
         self.config = settings.guardrails.clamp(policy.initial_config())
@@ -190,7 +191,7 @@ class Controller:
         record = DecisionRecord(
             at_s=now,
             pool=self.settings.pool,
-            policy=self.policy.spec,
+            policy=self._spec,
             mode=self.mode,
             observation=snapshot.observation,
             warmed_buckets=snapshot.warmed_buckets,

@@ -90,6 +90,10 @@ class Guard:
     ) -> tuple[BatchConfig, str | None]:
         """The config to run, and a note when the guard changed the proposal."""
         wanted = self.rails.clamp(proposed)
+        if wanted == current:  # the common tick: nothing to move, nothing pending
+            for settling in (self._cap, self._warm, self._timeout):
+                settling.reset()
+            return current, None if wanted == proposed else "clamped to operator bounds"
         notes = [] if wanted == proposed else ["clamped to operator bounds"]
         if protective:
             for settling in (self._cap, self._warm, self._timeout):

@@ -1,8 +1,8 @@
 """Policy gains: Tidal's predictive policy against static, aimd, reactive and the oracle.
 
 On the promotion day (examples/promo_day.csv, with its declared events), 20 s warm-up
-per batch-size bucket, p99 SLO 100 ms, a fleet of 12 workers (so that the 18k req/s
-peak needs batches of 64-128) and latency linear:5,0.4 ms:
+per batch-size bucket, p99 SLO 100 ms, a fleet of 11 workers (so that the 18k req/s
+peak needs batches of 64 or more: 32 cannot keep up) and latency linear:5,0.4 ms:
 
 1. every policy and a grid of static configs at the recorded rate: SLO attainment over
    the day and its worst 10 minutes, busy seconds per 1,000 requests, SLO-violating
@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PROMO = ROOT / "examples" / "promo_day.csv"
 EVENTS = ROOT / "examples" / "promo_day.events.yaml"
 AZURE = ROOT.parent / "shared" / "traces" / "azure_llm_conv_2023.csv"
-WORKERS = 12
+WORKERS = 11
 SLO_S = 0.1
 WARMUP_S = 20.0
 LATENCY = "linear:5,0.4"

@@ -136,9 +136,9 @@ def observations(n):
 @pytest.mark.parametrize("spec", ["reactive", "aimd"])
 def test_controller_runs_identically_under_the_simulated_and_the_wall_clock(spec):
     tick_s = 0.01
-    settings = ControllerSettings(
-        tick_s=tick_s, workers=4, guardrails=Guardrails(dwell_s=5 * tick_s)
-    )
+    # No dwell: a dwell counts seconds, and a loaded machine's sleeps overshoot, so the
+    # same ticks could fall on either side of it; everything else must match exactly.
+    settings = ControllerSettings(tick_s=tick_s, workers=4, guardrails=Guardrails(dwell_s=0.0))
 
     def drive(clock, wait):
         bus = InMemoryBus()
