@@ -73,6 +73,8 @@ class ForecastFeed:
         if not self._tried_empty:
             self._tried_empty = True
             self._try_fit(0.0)  # a model that needs no history (the oracle) starts at once
+            if self._fitted is None and arrivals:
+                self._start_from_first_tick(now, arrivals)
             if self._fitted is not None:
                 self.forecast = self._predict()
         if now + 1e-9 < self._step_end:
@@ -116,6 +118,16 @@ class ForecastFeed:
         self.steps_outside += 1
         if self._outside_since is None:
             self._outside_since = end_s - self.step_s
+
+    def _start_from_first_tick(self, now: float, arrivals: int) -> None:
+        """Before the first step closes, the first tick's rate stands in for a step, so
+        a controller has a (last-value) forecast from its first tick."""
+        elapsed_s = max(now - (self._step_end - self.step_s), 1e-9)
+        first = RateSeries(
+            self.origin_s - self.step_s, self.step_s, np.array([arrivals * self.step_s / elapsed_s])
+        )
+        self._fitted = self._stand_in.fit(first)
+        self._stand_in_reason = "last value: the first tick's rate"
 
     def _try_fit(self, end_s: float) -> None:
         """Fit on the history of closed steps, the last of which ends at `end_s`."""

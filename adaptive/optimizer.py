@@ -121,9 +121,11 @@ class ConfigOptimizer:
     table: PerformanceTable
     slo_s: float
     margin: float = 0.8
-    _cache: dict[tuple[int, int], Choice] = field(default_factory=dict, repr=False)
+    _cache: dict[tuple[int, ...], Choice] = field(default_factory=dict, repr=False)
 
-    _p99_cache: dict[tuple[int, int, float], float] = field(default_factory=dict, repr=False)
+    _predictions: dict[tuple[int, int, float], Alternative] = field(
+        default_factory=dict, repr=False
+    )
 
     def __post_init__(self) -> None:
         if not 0 < self.margin <= 1:
@@ -131,13 +133,20 @@ class ConfigOptimizer:
         self.largest_cap = int(self.table.caps.max())
         self.target_p99_s = self.margin * self.slo_s
 
-    def choose(self, rate_rps: float, min_cap: int = 1) -> Choice:
-        """The config for `rate_rps` among those with max batch >= `min_cap`."""
-        band = _band(rate_rps)
-        key = (band, min(min_cap, self.largest_cap))
+    def choose(
+        self, rate_rps: float, min_cap: int = 1, spread: tuple[float, float] | None = None
+    ) -> Choice:
+        """The config for `rate_rps` among those with max batch >= `min_cap`.
+
+        With `spread=(low, high)`, the rates the config will likely see before it can next
+        change: it must meet the target at all three, and its cost is their average, so a
+        load that swings does not pick a config that is cheap only at one end."""
+        low, high = spread if spread is not None else (rate_rps, rate_rps)
+        bands = (_band(min(low, rate_rps)), _band(rate_rps), _band(max(high, rate_rps)))
+        key = (*bands, min(min_cap, self.largest_cap))
         choice = self._cache.get(key)
         if choice is None:
-            choice = self._rank(RATE_BIN**band, key[1])
+            choice = self._rank(tuple(RATE_BIN**b for b in bands), key[-1])
             self._cache[key] = choice
         return choice
 
@@ -147,10 +156,10 @@ class ConfigOptimizer:
         ok = (self.table.p99_s[rows] <= self.target_p99_s).any(axis=0)
         return float(self.table.rates_rps[ok].max()) if ok.any() else 0.0
 
-    def _rank(self, rate_rps: float, min_cap: int) -> Choice:
-        p99, mean, busy = self.table.at(rate_rps)
+    def _rank(self, rates: tuple[float, float, float], min_cap: int) -> Choice:
+        p99, mean, busy = self._over(rates)
         allowed = self.table.caps >= min_cap
-        within_grid = rate_rps <= self.table.rates_rps[-1]
+        within_grid = rates[-1] <= self.table.rates_rps[-1]
         feasible = allowed & (p99 <= self.target_p99_s) & within_grid
         if feasible.any():
             near = feasible & (busy <= busy[feasible].min() * COST_TIE)
@@ -160,9 +169,17 @@ class ConfigOptimizer:
         return Choice(
             self._alternative(index, p99, mean, busy),
             bool(feasible.any()),
-            rate_rps,
+            rates[1],
             self._best_per_cap(p99, mean, busy),
         )
+
+    def _over(self, rates: tuple[float, float, float]) -> tuple[np.ndarray, ...]:
+        """Worst p99, mean latency and mean cost of every config over the rates."""
+        if rates[0] == rates[2]:
+            return self.table.at(rates[1])
+        points = [self.table.at(r) for r in rates]
+        p99 = np.max([p[0] for p in points], axis=0)
+        return p99, np.mean([p[1] for p in points], axis=0), np.mean([p[2] for p in points], axis=0)
 
     def _best_effort(self, p99: np.ndarray, allowed: np.ndarray) -> int:
         """Nothing meets the SLO: the lowest finite p99, else the most throughput (the
@@ -176,19 +193,24 @@ class ConfigOptimizer:
 
     def predicted_p99_s(self, config: BatchConfig, rate_rps: float) -> float:
         """The table's p99 for the row nearest `config` (same bucket, nearest timeout)."""
+        return self.predict(config, rate_rps).predicted_p99_s
+
+    def predict(self, config: BatchConfig, rate_rps: float) -> Alternative:
+        """The table's prediction for the row nearest `config` (same bucket, nearest
+        timeout), at `rate_rps`; cached per rate band."""
         band = _band(rate_rps)
         key = (band, config.max_batch_size, config.timeout_s)
-        p99 = self._p99_cache.get(key)
-        if p99 is None:
-            p99 = self._p99_cache[key] = self._p99_of(config, RATE_BIN**band)
-        return p99
+        predicted = self._predictions.get(key)
+        if predicted is None:
+            predicted = self._predictions[key] = self._predict(config, RATE_BIN**band)
+        return predicted
 
-    def _p99_of(self, config: BatchConfig, rate_rps: float) -> float:
-        p99, _, _ = self.table.at(rate_rps)
+    def _predict(self, config: BatchConfig, rate_rps: float) -> Alternative:
+        p99, mean, busy = self.table.at(rate_rps)
         bucket = 1 << max(0, config.max_batch_size - 1).bit_length()
         rows = np.flatnonzero(self.table.caps == min(bucket, self.largest_cap))
         row = rows[np.argmin(np.abs(self.table.timeouts_s[rows] - config.timeout_s))]
-        return float(p99[row])
+        return Alternative(config, float(p99[row]), float(busy[row]), float(mean[row]))
 
     def _alternative(self, i: int, p99: np.ndarray, mean: np.ndarray, busy: np.ndarray):
         config = BatchConfig(int(self.table.caps[i]), float(self.table.timeouts_s[i]))

@@ -13,7 +13,8 @@ needed cap falls with it and the controller's guards let it shrink after a dwell
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections import deque
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -37,6 +38,9 @@ class PredictivePolicy:
     name: str = "predictive"
     uses_events: bool = True
     history_s: float = 6 * 3600.0
+    stickiness: float = 0.05
+    window_s: float = 60.0
+    _recent: deque[float] = field(default_factory=deque, init=False, repr=False)
     _needs: tuple[Forecast, list[int]] | None = field(default=None, init=False, repr=False)
     _observed_rps: float | None = field(default=None, init=False, repr=False)
     spec_text: str = "predictive"
@@ -67,7 +71,9 @@ class PredictivePolicy:
         upper_rps = forecast.upper_rps
         observed = self._smoothed(snapshot.observation.arrival_rate_rps, float(upper_rps[0]))
         now_rps = max(observed, float(forecast.mean_rps[0]))
-        choice = self.optimizer.choose(now_rps)
+        spread = self._spread(snapshot, now_rps, forecast)
+        best = self.optimizer.choose(now_rps, spread=spread)
+        choice = self._keep_if_close(snapshot.config, best, now_rps, spread)
         warm = self.optimizer.choose(float(upper_rps[0])).config.max_batch_size
         ahead = self._look_ahead(snapshot, forecast.times_s, upper_rps, warm)
         if ahead is not None:
@@ -87,6 +93,39 @@ class PredictivePolicy:
             alternatives=choice.alternatives,
             protective=current_p99_s > self.optimizer.target_p99_s,
         )
+
+    def _spread(
+        self, snapshot: Snapshot, now_rps: float, forecast: Forecast
+    ) -> tuple[float, float]:
+        """The range of load expected over the planning window: what arrived in the last
+        window (smoothed) and the forecast mean for the next one."""
+        self._recent.append(now_rps)
+        if len(self._recent) > max(1, round(self.window_s / snapshot.tick_s)):
+            self._recent.popleft()
+        ahead = forecast.mean_rps[forecast.times_s - snapshot.now < self.window_s]
+        low = min(min(self._recent), float(ahead.min()) if ahead.size else now_rps)
+        high = max(max(self._recent), float(ahead.max()) if ahead.size else now_rps)
+        return low, high
+
+    def _keep_if_close(
+        self, current: BatchConfig, best: Choice, rate_rps: float, spread: tuple[float, float]
+    ) -> Choice:
+        """Keep serving the config in force while it meets the target and costs at most
+        `stickiness` more than the best: near a boundary between two configs, load noise
+        would otherwise flip between them every few ticks."""
+        if current.max_batch_size == best.config.max_batch_size and (
+            current.timeout_s == best.config.timeout_s
+        ):
+            return best
+        plain = BatchConfig(current.max_batch_size, current.timeout_s)
+        points = [self.optimizer.predict(plain, r) for r in (spread[0], rate_rps, spread[1])]
+        worst_p99 = max(p.predicted_p99_s for p in points)
+        cost = sum(p.busy_per_request_s for p in points) / 3
+        if worst_p99 <= self.optimizer.target_p99_s and cost <= best.chosen.busy_per_request_s * (
+            1 + self.stickiness
+        ):
+            return replace(best, chosen=points[1])
+        return best
 
     def _smoothed(self, rate_rps: float, upper_rps: float) -> float:
         """Observed rate smoothed over a few ticks, so per-tick noise does not move the

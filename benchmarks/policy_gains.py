@@ -118,13 +118,13 @@ def promo_at(scale: float) -> Trace:
     return load_trace(PROMO, rate_scale=scale)
 
 
-def day_comparison(events: tuple[Event, ...], origin_s: float) -> dict[str, dict]:
-    report = run(promo_at(1.0), STATIC_GRID + ADAPTIVE, events)
+def day_comparison(events: tuple[Event, ...], origin_s: float, workers: int) -> dict[str, dict]:
+    report = run(promo_at(1.0), STATIC_GRID + ADAPTIVE, events, workers)
     return {r.policy: figures(r, events, origin_s) for r in report.results}
 
 
 def highest_scales(
-    events: tuple[Event, ...], origin_s: float, scales: tuple[float, ...], at_one: dict
+    events: tuple[Event, ...], scales: tuple[float, ...], at_one: dict, workers: int
 ) -> dict[str, float | None]:
     """Each adaptive policy's highest grid scale that meets the SLO (None: not even the lowest)."""
     passed: dict[str, list[float]] = {name: [] for name in ADAPTIVE}
@@ -132,7 +132,7 @@ def highest_scales(
         if scale == 1.0:
             outcome = {_short(name): at_one[name]["meets_slo"] for name in at_one}
         else:
-            report = run(promo_at(scale), ADAPTIVE, events)
+            report = run(promo_at(scale), ADAPTIVE, events, workers)
             outcome = {_short(r.policy): meets_slo(r) for r in report.results}
         for name in ADAPTIVE:
             if outcome.get(name):
@@ -205,14 +205,14 @@ def targets(day: dict[str, dict], scales: dict[str, float | None]) -> dict[str, 
     return out
 
 
-def azure_comparison() -> dict[str, dict] | None:
+def azure_comparison(workers: int) -> dict[str, dict] | None:
     if not AZURE.exists():
         print(f"\nskipping the Azure trace: {AZURE} not found")
         return None
     # One hour at ~5 req/s, compressed 10x in time and scaled 300x in rate: six minutes
     # at ~15k req/s with the trace's own sub-second burstiness. No declared events.
     trace = load_trace(AZURE, time_scale=10.0, rate_scale=300.0)
-    report = run(trace, (*STATIC_GRID[4:8], *ADAPTIVE), (), workers=WORKERS)
+    report = run(trace, (*STATIC_GRID[4:8], *ADAPTIVE), (), workers)
     return {r.policy: figures(r, (), 0.0) for r in report.results}
 
 
@@ -220,14 +220,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scales", default=",".join(f"{s:g}" for s in SCALES))
     parser.add_argument("--skip-azure", action="store_true")
+    parser.add_argument("--workers", type=int, default=WORKERS, help=f"fleet (default {WORKERS})")
     args = parser.parse_args()
+    workers = args.workers
     scales = tuple(float(s) for s in args.scales.split(","))
     started = time.perf_counter()
     origin_s = epoch_seconds(promo_at(1.0).origin)
     events = load_events(EVENTS)
-    day = day_comparison(events, origin_s)
-    print_table(f"promo day, {WORKERS} workers, warm-up {WARMUP_S:g}s/bucket, SLO p99 100 ms", day)
-    scale_results = highest_scales(events, origin_s, scales, day)
+    day = day_comparison(events, origin_s, workers)
+    print_table(f"promo day, {workers} workers, warm-up {WARMUP_S:g}s/bucket, SLO p99 100 ms", day)
+    scale_results = highest_scales(events, scales, day, workers)
     print(
         "\nhighest rate scale meeting the SLO: "
         + ", ".join(f"{k} {v}" for k, v in scale_results.items())
@@ -237,12 +239,12 @@ def main() -> int:
     for name, check in checks.items():
         detail = json.dumps({k: v for k, v in check.items() if k != "met"})
         print(f"  {name:<48} {'met' if check['met'] else 'MISSED':>6}  {detail}")
-    azure = None if args.skip_azure else azure_comparison()
+    azure = None if args.skip_azure else azure_comparison(workers)
     if azure:
         print_table("Azure LLM conversation trace, 10x time-compressed, 300x rate", azure)
     result = {
         "benchmark": "policy_gains",
-        "workers": WORKERS,
+        "workers": workers,
         "slo_ms": SLO_S * 1e3,
         "warmup_s": WARMUP_S,
         "latency_model": LATENCY,

@@ -114,11 +114,11 @@ def test_shadow_decisions_are_recorded_and_never_applied():
 def observations(n):
     rng = np.random.default_rng(9)
     for _i in range(n):
-        arrivals = int(rng.integers(100, 4000))
+        arrivals = int(rng.choice([50, 400, 3000, 12000]) * rng.uniform(0.8, 1.2))
         batches = max(1, arrivals // int(rng.integers(1, 40)))
         yield Observation(
             ended_at=0.0,
-            window_s=0.01,
+            window_s=1.0,
             arrivals=arrivals,
             completed=arrivals,
             shed=0,
