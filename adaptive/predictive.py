@@ -73,6 +73,8 @@ class PredictivePolicy:
         now_rps = max(observed, float(forecast.mean_rps[0]))
         spread = self._spread(snapshot, now_rps, forecast)
         best = self.optimizer.choose(now_rps, spread=spread)
+        if not best.meets_slo:  # no config covers the whole range: serve the load of now
+            best = self.optimizer.choose(now_rps)
         choice = self._keep_if_close(snapshot.config, best, now_rps, spread)
         warm = self.optimizer.choose(float(upper_rps[0])).config.max_batch_size
         ahead = self._look_ahead(snapshot, forecast.times_s, upper_rps, warm)

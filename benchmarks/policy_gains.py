@@ -48,7 +48,7 @@ STATIC_GRID = tuple(
     for cap in (32, 64, 128)
     for timeout in (5, 10, 20, 35)
 )
-SCALES = (0.5, 0.75, 1.0, 1.1, 1.2, 1.3, 1.4)
+SCALES = (0.25, 0.5, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2)
 WINDOW_S = 600.0
 
 
