@@ -203,6 +203,7 @@ class Controller:
             reason=reason,
             guard=guard_note,
             predicted_p99_s=decision.predicted_p99_s,
+            planned_rate_rps=decision.planned_rate_rps,
             alternatives=decision.alternatives,
             shadow=shadow,
         )
@@ -219,10 +220,6 @@ class Controller:
         if record.shadow is None:
             return False
         return last.shadow is None or record.shadow.config != last.shadow.config
-
-    @property
-    def current(self) -> BatchConfig:
-        return self.config
 
 
 def _more_cautious(

@@ -70,6 +70,7 @@ class DecisionRecord:
     reason: str
     guard: str | None
     predicted_p99_s: float | None
+    planned_rate_rps: float | None
     alternatives: tuple[Alternative, ...]
     shadow: ShadowDecision | None = None
 
@@ -92,6 +93,9 @@ class DecisionRecord:
             "predicted_p99_ms": None
             if self.predicted_p99_s is None or not math.isfinite(self.predicted_p99_s)
             else round(self.predicted_p99_s * 1e3, 3),
+            "planned_rate_rps": None
+            if self.planned_rate_rps is None
+            else round(self.planned_rate_rps, 2),
             "inputs": {**self.observation.to_dict(), "warmed_buckets": list(self.warmed_buckets)},
             "forecast": None if self.forecast is None else self.forecast.to_dict(),
             "alternatives": [a.to_dict() for a in self.alternatives],

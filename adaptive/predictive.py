@@ -40,10 +40,10 @@ class PredictivePolicy:
     history_s: float = 6 * 3600.0
     stickiness: float = 0.05
     window_s: float = 60.0
+    spec_text: str = "predictive"
     _recent: deque[float] = field(default_factory=deque, init=False, repr=False)
     _needs: tuple[Forecast, list[int]] | None = field(default=None, init=False, repr=False)
     _observed_rps: float | None = field(default=None, init=False, repr=False)
-    spec_text: str = "predictive"
 
     @property
     def spec(self) -> str:
@@ -66,35 +66,46 @@ class PredictivePolicy:
         forecast = snapshot.forecast
         if forecast is None:
             raise ValueError("predictive policy needs a forecast in the snapshot")
-        # Serve for the load expected now (the forecast, or what is arriving if more);
-        # keep warm what the upper bound may need.
-        upper_rps = forecast.upper_rps
-        observed = self._smoothed(snapshot.observation.arrival_rate_rps, float(upper_rps[0]))
-        now_rps = max(observed, float(forecast.mean_rps[0]))
-        spread = self._spread(snapshot, now_rps, forecast)
-        best = self.optimizer.choose(now_rps, spread=spread)
-        if not best.meets_slo:  # no config covers the whole range: serve the load of now
-            best = self.optimizer.choose(now_rps)
-        choice = self._keep_if_close(snapshot.config, best, now_rps, spread)
-        warm = self.optimizer.choose(float(upper_rps[0])).config.max_batch_size
-        ahead = self._look_ahead(snapshot, forecast.times_s, upper_rps, warm)
-        if ahead is not None:
-            warm = ahead[2]
+        now_rps = self._rate_now(snapshot, forecast)
+        choice = self._serve(snapshot, now_rps, forecast)
+        ahead, warm = self._warm(snapshot, forecast)
         config = choice.config
         if warm > config.max_batch_size:
             config = BatchConfig(config.max_batch_size, config.timeout_s, warm)
-        why = self._reason(snapshot, choice, now_rps, config, ahead, float(upper_rps[0]))
         # When the config in force is predicted to miss, any move the table prefers
         # protects latency, even a smaller cap (a cap past the service budget).
         current_p99_s = self.optimizer.predicted_p99_s(snapshot.config, now_rps)
         return Decision(
             config,
-            why,
+            self._reason(snapshot, choice, now_rps, config, ahead, float(forecast.upper_rps[0])),
             predicted_p99_s=choice.chosen.predicted_p99_s,
             planned_rate_rps=now_rps,
             alternatives=choice.alternatives,
             protective=current_p99_s > self.optimizer.target_p99_s,
         )
+
+    def _rate_now(self, snapshot: Snapshot, forecast: Forecast) -> float:
+        """The load expected now: the forecast mean, or what is arriving if more."""
+        upper_rps = float(forecast.upper_rps[0])
+        observed = self._smoothed(snapshot.observation.arrival_rate_rps, upper_rps)
+        return max(observed, float(forecast.mean_rps[0]))
+
+    def _serve(self, snapshot: Snapshot, now_rps: float, forecast: Forecast) -> Choice:
+        """The config to serve: cheapest over the planning window's load range."""
+        spread = self._spread(snapshot, now_rps, forecast)
+        best = self.optimizer.choose(now_rps, spread=spread)
+        if not best.meets_slo:  # no config covers the whole range: serve the load of now
+            best = self.optimizer.choose(now_rps)
+        return self._keep_if_close(snapshot.config, best, now_rps, spread)
+
+    def _warm(
+        self, snapshot: Snapshot, forecast: Forecast
+    ) -> tuple[tuple[float, float, int] | None, int]:
+        """The cap to keep warm: what the band needs now, or a step ahead needs if its
+        buckets take about as long to warm as the time left before it."""
+        warm = self.optimizer.choose(float(forecast.upper_rps[0])).config.max_batch_size
+        ahead = self._look_ahead(snapshot, forecast.times_s, forecast.upper_rps, warm)
+        return ahead, (warm if ahead is None else ahead[2])
 
     def _spread(
         self, snapshot: Snapshot, now_rps: float, forecast: Forecast
