@@ -110,4 +110,8 @@ class DecisionRecord:
 
 
 def _config(config: BatchConfig) -> dict[str, float]:
-    return {"max_batch": config.max_batch_size, "timeout_ms": round(config.timeout_s * 1e3, 3)}
+    return {
+        "max_batch": config.max_batch_size,
+        "timeout_ms": round(config.timeout_s * 1e3, 3),
+        "warm_max_batch": config.warm_target,
+    }
