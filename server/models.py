@@ -1,0 +1,210 @@
+"""Models a worker can serve: two built-in demos, TorchScript files and user factories.
+
+A `ServedModel` is an `nn.Module` plus what the batcher needs around it: how to turn a
+list of request inputs into one batch tensor (`collate`, which also pads the batch to
+a bucket size), how to split the output back per request, how to validate one input,
+and an example input for warm-up and profiling. The demos are built in code with seeded
+weights, so nothing is downloaded and every run serves the same function.
+
+- `demo-cnn`: a small ResNet-style image classifier, input 3x32x32 floats, 10 classes.
+- `demo-text`: a transformer encoder over token ids (1..1000, up to 128 long), padded
+  to the batch's longest sequence with an attention mask, 4 classes.
+- a path to a TorchScript file (`torch.jit.save`), inputs as nested float lists;
+- `module:factory`, a function returning an `nn.Module`, or `(module, collate)`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from adaptive.errors import InvalidInput
+
+Collate = Callable[[Sequence[Any], int], tuple[Any, ...]]
+"""(inputs, padded batch size) -> the model's positional arguments."""
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    name: str
+    module: nn.Module
+    collate: Collate
+    validate: Callable[[Any], Any]
+    example: Callable[[int], Any]  # seeded example input number i
+    padding_waste: Callable[[Sequence[Any]], float] = lambda inputs: 0.0
+
+
+class _Block(nn.Module):
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(channels)
+        self.conv2 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.relu(self.bn1(self.conv1(x)))
+        return torch.relu(x + self.bn2(self.conv2(out)))
+
+
+class DemoCnn(nn.Module):
+    """Stem, three residual stages (32, 64, 128 channels), global pool, linear head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        layers: list[nn.Module] = [nn.Conv2d(3, 32, 3, padding=1), nn.ReLU()]
+        channels = 32
+        for width in (32, 64, 128):
+            if width != channels:
+                layers += [nn.Conv2d(channels, width, 3, stride=2, padding=1), nn.ReLU()]
+                channels = width
+            layers.append(_Block(width))
+        self.features = nn.Sequential(*layers)
+        self.head = nn.Linear(128, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x).mean(dim=(2, 3)))
+
+
+IMAGE_SHAPE = (3, 32, 32)
+VOCABULARY = 1000
+MAX_TOKENS = 128
+
+
+class DemoText(nn.Module):
+    """Token embedding + positions, two encoder layers, masked mean pool, linear head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCABULARY + 1, 64, padding_idx=0)
+        self.position = nn.Embedding(MAX_TOKENS, 64)
+        layer = nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.head = nn.Linear(64, 4)
+
+    def forward(self, tokens: torch.Tensor, padding: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        hidden = self.encoder(
+            self.embed(tokens) + self.position(positions), src_key_padding_mask=padding
+        )
+        keep = (~padding).unsqueeze(-1).float()
+        return self.head((hidden * keep).sum(1) / keep.sum(1).clamp(min=1.0))
+
+
+def _seeded(module: nn.Module) -> nn.Module:
+    return module.eval()
+
+
+def _image(value: Any) -> torch.Tensor:
+    try:
+        tensor = torch.as_tensor(value, dtype=torch.float32)
+    except (TypeError, ValueError, RuntimeError):
+        raise InvalidInput("input must be a 3x32x32 array of numbers") from None
+    if tuple(tensor.shape) != IMAGE_SHAPE:
+        raise InvalidInput(f"input must have shape 3x32x32, got {'x'.join(map(str, tensor.shape))}")
+    return tensor
+
+
+def _collate_images(inputs: Sequence[torch.Tensor], padded_size: int) -> tuple[torch.Tensor]:
+    batch = torch.zeros((padded_size, *IMAGE_SHAPE))
+    batch[: len(inputs)] = torch.stack(list(inputs))
+    return (batch,)
+
+
+def _tokens(value: Any) -> torch.Tensor:
+    if not isinstance(value, list) or not value or not all(isinstance(t, int) for t in value):
+        raise InvalidInput("input must be a non-empty list of integer token ids")
+    if len(value) > MAX_TOKENS:
+        raise InvalidInput(f"input has {len(value)} tokens; at most {MAX_TOKENS}")
+    if min(value) < 1 or max(value) > VOCABULARY:
+        raise InvalidInput(f"token ids must be in 1..{VOCABULARY}")
+    return torch.tensor(value, dtype=torch.long)
+
+
+def _collate_tokens(inputs: Sequence[torch.Tensor], padded_size: int) -> tuple[torch.Tensor, ...]:
+    longest = max(t.shape[0] for t in inputs)
+    tokens = torch.zeros((padded_size, longest), dtype=torch.long)
+    for row, t in enumerate(inputs):
+        tokens[row, : t.shape[0]] = t
+    tokens[len(inputs) :, 0] = 1  # padding rows hold one token, so no row is all mask
+    return tokens, tokens == 0
+
+
+def _token_waste(inputs: Sequence[torch.Tensor]) -> float:
+    """Share of the batch's token slots that are padding."""
+    longest = max(t.shape[0] for t in inputs)
+    return 1.0 - sum(t.shape[0] for t in inputs) / (longest * len(inputs))
+
+
+def _example_image(i: int) -> list:
+    generator = torch.Generator().manual_seed(i)
+    return torch.rand(IMAGE_SHAPE, generator=generator).tolist()
+
+
+def _example_tokens(i: int) -> list[int]:
+    generator = torch.Generator().manual_seed(i)
+    length = int(torch.randint(8, MAX_TOKENS + 1, (1,), generator=generator))
+    return torch.randint(1, VOCABULARY + 1, (length,), generator=generator).tolist()
+
+
+def _demo(name: str) -> ServedModel:
+    torch.manual_seed(0)  # the demos' weights are part of their definition
+    if name == "demo-cnn":
+        return ServedModel(name, _seeded(DemoCnn()), _collate_images, _image, _example_image)
+    return ServedModel(
+        name, _seeded(DemoText()), _collate_tokens, _tokens, _example_tokens, _token_waste
+    )
+
+
+def _generic(value: Any) -> torch.Tensor:
+    try:
+        return torch.as_tensor(value, dtype=torch.float32)
+    except (TypeError, ValueError, RuntimeError):
+        raise InvalidInput("input must be a (nested) list of numbers") from None
+
+
+def _collate_stack(inputs: Sequence[torch.Tensor], padded_size: int) -> tuple[torch.Tensor]:
+    shapes = {tuple(t.shape) for t in inputs}
+    if len(shapes) != 1:
+        raise InvalidInput(f"inputs in one batch must share a shape, got {sorted(shapes)}")
+    batch = torch.zeros((padded_size, *inputs[0].shape))
+    batch[: len(inputs)] = torch.stack(list(inputs))
+    return (batch,)
+
+
+def load_model(spec: str) -> ServedModel:
+    """`demo-cnn`, `demo-text`, a TorchScript path, or `module:factory`."""
+    if spec in ("demo-cnn", "demo-text"):
+        return _demo(spec)
+    if Path(spec).exists():
+        try:
+            module = torch.jit.load(spec, map_location="cpu").eval()
+        except (RuntimeError, ValueError) as error:
+            raise InvalidInput(
+                f"{spec}: not a TorchScript file ({str(error).splitlines()[0]})"
+            ) from None
+        return ServedModel(Path(spec).name, module, _collate_stack, _generic, lambda i: [0.0])
+    if ":" in spec:
+        return _from_factory(spec)
+    raise InvalidInput(
+        f"unknown model {spec!r}: use demo-cnn, demo-text, a TorchScript path or module:factory"
+    )
+
+
+def _from_factory(spec: str) -> ServedModel:
+    module_name, _, attribute = spec.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as error:
+        raise InvalidInput(f"model {spec!r}: cannot import ({error})") from None
+    made = factory()
+    module, collate = made if isinstance(made, tuple) else (made, _collate_stack)
+    if not isinstance(module, nn.Module):
+        raise InvalidInput(f"model {spec!r}: factory must return an nn.Module or (module, collate)")
+    return ServedModel(spec, module.eval(), collate, _generic, lambda i: [0.0])

@@ -1,0 +1,144 @@
+"""The worker's HTTP API (FastAPI): inference, health, stats, config and metrics.
+
+    POST /v1/infer   {"input": ..., "deadline_ms": 250}   (or header X-Deadline-Ms)
+                     -> {"output": ..., "timing": {queue_wait_ms, batch_size,
+                                                    padded_size, execution_ms}}
+    GET  /healthz    GET /v1/stats    GET /metrics (Prometheus text)
+    PUT  /v1/config  {"max_batch": 32, "timeout_ms": 10, "warm_max_batch": 64}
+
+Errors are JSON `{"error": "...", "field": "..."}`: 422 for a malformed body or an input
+the model cannot take (naming the field), 429 with Retry-After when the queue is full,
+504 when a request's deadline passes in the queue, 503 while draining.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+from fastapi import FastAPI, Header, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from pydantic import BaseModel, Field
+
+from adaptive.config import BatchConfig
+from adaptive.errors import InvalidInput
+from server.batching import DeadlineExceeded, DynamicBatcher, QueueFull, ShuttingDown
+from server.models import ServedModel
+from server.worker_metrics import WorkerMetrics
+
+
+class InferRequest(BaseModel):
+    input: Any = Field(description="one model input: a 3x32x32 array, a list of token ids, ...")
+    deadline_ms: float | None = Field(default=None, gt=0, description="give up after this long")
+
+
+class ConfigRequest(BaseModel):
+    max_batch: int = Field(ge=1, le=65536)
+    timeout_ms: float = Field(ge=0, le=60_000)
+    warm_max_batch: int = Field(default=0, ge=0, le=65536)
+
+
+def _error(status: int, message: str, field: str | None = None, **headers: str) -> JSONResponse:
+    return JSONResponse({"error": message, "field": field}, status_code=status, headers=headers)
+
+
+def create_app(model: ServedModel, batcher: DynamicBatcher) -> FastAPI:
+    """The worker's app; the batcher starts and drains with the app's lifespan."""
+    registry = CollectorRegistry()
+    metrics = WorkerMetrics(registry, batcher)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        await batcher.start()
+        yield
+        await batcher.drain()
+
+    app = FastAPI(title=f"Tidal worker: {model.name}", lifespan=lifespan)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_body(request: Request, error: RequestValidationError) -> JSONResponse:
+        first = error.errors()[0]
+        field = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
+        return _error(422, f"{field or 'body'}: {first.get('msg', 'invalid')}", field)
+
+    @app.post("/v1/infer")
+    async def infer(body: InferRequest, x_deadline_ms: float | None = Header(default=None)) -> Any:
+        try:
+            item = model.validate(body.input)
+        except InvalidInput as error:
+            return _error(422, f"input: {error}", "input")
+        deadline_ms = body.deadline_ms if body.deadline_ms is not None else x_deadline_ms
+        try:
+            served = await batcher.submit(item, None if deadline_ms is None else deadline_ms / 1e3)
+        except QueueFull as error:
+            metrics.outcome("shed")
+            return _error(429, str(error), None, **{"Retry-After": "1"})
+        except DeadlineExceeded as error:
+            metrics.outcome("deadline")
+            return _error(504, f"{error} (deadline {deadline_ms:g} ms)", "deadline_ms")
+        except ShuttingDown as error:
+            metrics.outcome("draining")
+            return _error(503, str(error))
+        metrics.served(served)
+        return {
+            "output": served.output,
+            "timing": {
+                "queue_wait_ms": round(served.queue_wait_s * 1e3, 3),
+                "batch_size": served.batch_size,
+                "padded_size": served.padded_size,
+                "execution_ms": round(served.execution_s * 1e3, 3),
+            },
+        }
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok", "model": model.name}
+
+    @app.get("/v1/stats")
+    async def stats() -> dict[str, Any]:
+        return _stats(batcher)
+
+    @app.put("/v1/config")
+    async def put_config(body: ConfigRequest) -> Any:
+        try:
+            config = BatchConfig(body.max_batch, body.timeout_ms / 1e3, body.warm_max_batch)
+        except InvalidInput as error:
+            return _error(422, str(error), "config")
+        batcher.reconfigure(config, batcher.version + 1)
+        return _stats(batcher)
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+def _stats(batcher: DynamicBatcher) -> dict[str, Any]:
+    s = batcher.stats
+    return {
+        "config": {
+            "max_batch": batcher.config.max_batch_size,
+            "timeout_ms": round(batcher.config.timeout_s * 1e3, 3),
+            "warm_max_batch": batcher.config.warm_target,
+            "version": batcher.version,
+        },
+        "serving_max_batch": batcher.serving_cap,
+        "accepted_max_batch": batcher.accepted_cap,
+        "warmed_buckets": list(batcher.warmed_buckets),
+        "warming": batcher.warming,
+        "warmup_s": {str(k): round(v, 6) for k, v in s.warmup_s.items()},
+        "queue_depth": batcher.queue_depth,
+        "arrivals": s.arrivals,
+        "completed": s.completed,
+        "shed": s.shed,
+        "expired": s.expired,
+        "failed": s.failed,
+        "batches": s.batches,
+        "mean_batch_size": s.batch_size_sum / s.batches if s.batches else None,
+        "busy_s": round(s.busy_s, 6),
+        "oom_splits": s.oom_splits,
+        "padding_waste": s.padding_waste_sum / s.batches if s.batches else None,
+    }

@@ -1,0 +1,69 @@
+"""`tidal worker`: serve a model over HTTP through Tidal's dynamic batcher.
+
+    tidal worker --model demo-cnn --port 8001 --config max_batch=32,timeout=10ms
+
+Loads the model, warms the buckets of its starting config, and serves until SIGTERM or
+Ctrl-C, which drain: stop accepting, finish what is queued, exit 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import uvicorn
+
+from adaptive.errors import InvalidInput
+from adaptive.specs import PolicyContext, build_policy
+from server.batching import DynamicBatcher
+from server.models import load_model
+from server.runner import TorchRunner
+from server.worker_app import create_app
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    worker = subparsers.add_parser("worker", help="serve a model through the dynamic batcher")
+    worker.add_argument(
+        "--model", required=True, help="demo-cnn, demo-text, a TorchScript file or module:factory"
+    )
+    worker.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    worker.add_argument("--host", default="127.0.0.1")
+    worker.add_argument("--port", type=int, default=8001)
+    worker.add_argument(
+        "--config", default="max_batch=32,timeout=10ms", help="starting batch config"
+    )
+    worker.add_argument("--max-queue", type=int, help="queue bound; past it requests get 429")
+    worker.add_argument(
+        "--instances", type=int, default=1, help="model instances (batches in flight)"
+    )
+    worker.add_argument("--pool", default="default", help="the pool this worker serves")
+    worker.set_defaults(handler=run_worker)
+
+
+def parse_config(text: str):
+    """`max_batch=32,timeout=10ms[,warm=64]`, the static policy's grammar."""
+    try:
+        return build_policy(f"static:{text}", PolicyContext(0.1, 1)).initial_config()
+    except InvalidInput as error:
+        raise InvalidInput(f"--config: {str(error).split(': ', 1)[-1]}") from None
+
+
+def run_worker(args: argparse.Namespace) -> int:
+    config = parse_config(args.config)
+    if args.instances < 1:
+        raise InvalidInput(f"--instances must be >= 1, got {args.instances}")
+    if args.max_queue is not None and args.max_queue < 1:
+        raise InvalidInput(f"--max-queue must be >= 1, got {args.max_queue}")
+    model = load_model(args.model)
+    runner = TorchRunner(model, args.device)
+    batcher = DynamicBatcher(
+        runner,
+        config,
+        instances=args.instances,
+        max_queue=args.max_queue,
+        padding_waste=model.padding_waste,
+    )
+    app = create_app(model, batcher)
+    uvicorn.run(
+        app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=30
+    )
+    return 0
