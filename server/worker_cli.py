@@ -9,6 +9,8 @@ Ctrl-C, which drain: stop accepting, finish what is queued, exit 0.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 
 import uvicorn
 
@@ -63,7 +65,22 @@ def run_worker(args: argparse.Namespace) -> int:
         padding_waste=model.padding_waste,
     )
     app = create_app(model, batcher)
-    uvicorn.run(
+    config = uvicorn.Config(
         app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=30
     )
+    _DrainingServer(config).run()
     return 0
+
+
+class _DrainingServer(uvicorn.Server):
+    """uvicorn re-raises SIGTERM after its graceful shutdown, so the process would die by
+    the signal; a drained worker has done its job and exits 0."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        previous = {s: signal.signal(s, self.handle_exit) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for number, handler in previous.items():
+                signal.signal(number, handler)

@@ -1,0 +1,169 @@
+"""A real `tidal worker` process on a free port, driven over HTTP (demo CNN, CPU)."""
+
+import asyncio
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+import torch
+from prometheus_client.parser import text_string_to_metric_families
+
+from server.models import load_model
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_worker(*args: str) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "server.cli",
+            "worker",
+            "--model",
+            "demo-cnn",
+            "--port",
+            str(port),
+            *args,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/v1/stats").json()["warming"] is False:
+                return process, url
+        except httpx.HTTPError:
+            pass
+        if process.poll() is not None:
+            raise RuntimeError(process.stdout.read())
+        time.sleep(0.1)
+    process.kill()
+    raise RuntimeError("worker did not start")
+
+
+@pytest.fixture(scope="module")
+def worker():
+    process, url = start_worker("--config", "max_batch=8,timeout=20ms", "--max-queue", "500")
+    yield url
+    process.terminate()
+    process.wait(30)
+
+
+def image(i: int) -> list:
+    return torch.rand((3, 32, 32), generator=torch.Generator().manual_seed(i)).tolist()
+
+
+def test_config_change_mid_load_answers_every_request_correctly(worker):
+    model = load_model("demo-cnn")
+    with torch.inference_mode():
+        expected = model.module(torch.tensor([image(i) for i in range(60)])).tolist()
+
+    async def load():
+        async with httpx.AsyncClient(base_url=worker, timeout=30) as client:
+
+            async def one(i):
+                await asyncio.sleep(i * 0.003)
+                return await client.post("/v1/infer", json={"input": image(i)})
+
+            async def reconfigure():
+                for cap, timeout in ((2, 1), (16, 5), (4, 0)):
+                    await asyncio.sleep(0.05)
+                    r = await client.put(
+                        "/v1/config", json={"max_batch": cap, "timeout_ms": timeout}
+                    )
+                    assert r.status_code == 200
+
+            *answers, _ = await asyncio.gather(*(one(i) for i in range(60)), reconfigure())
+            return answers
+
+    answers = asyncio.run(load())
+    assert [a.status_code for a in answers] == [200] * 60
+    for i, answer in enumerate(answers):
+        assert answer.json()["output"] == pytest.approx(expected[i], abs=1e-4)
+    sizes = {a.json()["timing"]["batch_size"] for a in answers}
+    assert len(sizes) > 1
+
+
+def test_bad_inputs_are_422_naming_the_field(worker):
+    r = httpx.post(f"{worker}/v1/infer", json={"input": [[1, 2]]})
+    assert r.status_code == 422 and r.json()["field"] == "input" and "3x32x32" in r.json()["error"]
+    r = httpx.post(f"{worker}/v1/infer", json={"wrong": 1})
+    assert r.status_code == 422 and r.json()["field"] == "input"
+    r = httpx.put(f"{worker}/v1/config", json={"max_batch": 0, "timeout_ms": 1})
+    assert r.status_code == 422 and r.json()["field"] == "max_batch"
+
+
+def test_metrics_parse_with_the_prometheus_parser(worker):
+    httpx.post(f"{worker}/v1/infer", json={"input": image(0)})
+    text = httpx.get(f"{worker}/metrics").text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    for name in (
+        "tidal_worker_requests",
+        "tidal_worker_request_latency_seconds",
+        "tidal_worker_queue_wait_seconds",
+        "tidal_worker_batch_size",
+        "tidal_worker_batch_fill_ratio",
+        "tidal_worker_batch_execution_seconds",
+        "tidal_worker_queue_depth",
+        "tidal_worker_config_max_batch_size",
+        "tidal_worker_warmed_bucket",
+        "tidal_worker_device_busy_ratio",
+        "tidal_worker_padding_waste_ratio",
+    ):
+        assert name in families, name
+    ok = [s for s in families["tidal_worker_requests"].samples if s.labels.get("outcome") == "ok"]
+    assert ok and ok[0].value >= 1
+
+
+def test_full_queue_is_429_and_an_expired_deadline_is_504():
+    process, url = start_worker("--config", "max_batch=64,timeout=800ms", "--max-queue", "2")
+    try:
+
+        async def scenario():
+            async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+                first = asyncio.create_task(
+                    client.post("/v1/infer", json={"input": image(1), "deadline_ms": 100})
+                )
+                second = asyncio.create_task(client.post("/v1/infer", json={"input": image(2)}))
+                await asyncio.sleep(0.2)
+                third = await client.post("/v1/infer", json={"input": image(3)})
+                return await first, await second, third
+
+        first, second, third = asyncio.run(scenario())
+        assert first.status_code == 504 and first.json()["field"] == "deadline_ms"
+        assert second.status_code == 200
+        assert third.status_code == 429 and third.headers["retry-after"] == "1"
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
+def test_sigterm_drains_what_is_queued_and_exits_0():
+    process, url = start_worker("--config", "max_batch=64,timeout=1s")
+
+    async def scenario():
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            pending = [
+                asyncio.create_task(client.post("/v1/infer", json={"input": image(i)}))
+                for i in range(5)
+            ]
+            await asyncio.sleep(0.3)
+            process.send_signal(signal.SIGTERM)
+            return await asyncio.gather(*pending)
+
+    answers = asyncio.run(scenario())
+    assert [a.status_code for a in answers] == [200] * 5
+    assert process.wait(30) == 0
