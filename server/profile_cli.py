@@ -1,0 +1,193 @@
+"""`tidal profile`: measure a model's latency per batch size and write a latency profile.
+
+    tidal profile --model demo-cnn --batch-sizes 1,2,4,8,16,32,64 --out profile.json
+
+Per batch size, after warm-up: mean and p99 execution time and throughput. Memory:
+parameter bytes, and activation bytes per sample (on CUDA the peak allocated above the
+parameters; on CPU the sum of every module's output tensors, an upper bound on what a
+forward pass holds). The largest feasible batch is `(device memory - parameters) /
+per-sample activations`, with `--memory-budget` standing in for device memory on CPU.
+The JSON loads directly into `simulate --latency-model profile.json` and the controller.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from adaptive.errors import InvalidInput
+from adaptive.latency import parse_latency_model
+from adaptive.units import parse_size_bytes
+from server.models import ServedModel, load_model
+from server.runner import TorchRunner
+
+DEFAULT_SIZES = "1,2,4,8,16,32,64,128"
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    profile = subparsers.add_parser("profile", help="measure latency per batch size")
+    profile.add_argument(
+        "--model", required=True, help="demo-cnn, demo-text, TorchScript or module:factory"
+    )
+    profile.add_argument("--device", default="cpu")
+    profile.add_argument("--batch-sizes", default=DEFAULT_SIZES, help=f"default {DEFAULT_SIZES}")
+    profile.add_argument("--seq-len", type=int, help="token count for demo-text inputs")
+    profile.add_argument(
+        "--memory-budget", default="8GiB", help="device memory on CPU (default 8GiB)"
+    )
+    profile.add_argument(
+        "--runs", type=int, default=20, help="timed runs per batch size (default 20)"
+    )
+    profile.add_argument("--out", type=Path, help="write the profile JSON here")
+    profile.add_argument("--plot", type=Path, help="write a PNG of latency and throughput")
+    profile.set_defaults(handler=run_profile)
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        sizes = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        raise InvalidInput(
+            f"--batch-sizes: expected integers separated by commas, got {text!r}"
+        ) from None
+    if not sizes or sizes[0] < 1:
+        raise InvalidInput("--batch-sizes: sizes must be >= 1")
+    return sizes
+
+
+def _inputs(model: ServedModel, size: int, seq_len: int | None) -> list:
+    examples = [model.example(i) for i in range(size)]
+    if seq_len is not None and model.name == "demo-text":
+        examples = [(e * (seq_len // len(e) + 1))[:seq_len] for e in examples]
+    return [model.validate(e) for e in examples]
+
+
+def measure(runner: TorchRunner, inputs: list, runs: int) -> np.ndarray:
+    """Seconds per run, after two untimed runs."""
+    for _ in range(2):
+        runner.run(inputs, len(inputs))
+    times = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        runner.run(inputs, len(inputs))
+        times.append(time.perf_counter() - started)
+    return np.array(times)
+
+
+def activation_bytes(model: ServedModel, inputs: list, device: torch.device) -> int:
+    """Bytes of every module's outputs in one forward pass (an upper bound on CPU)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        TorchRunner(model, str(device)).run(inputs, len(inputs))
+        return int(torch.cuda.max_memory_allocated(device) - base)
+    total = 0
+
+    def count(_module, _args, output):
+        nonlocal total
+        for tensor in output if isinstance(output, tuple) else (output,):
+            if isinstance(tensor, torch.Tensor):
+                total += tensor.numel() * tensor.element_size()
+
+    leaves = [m for m in model.module.modules() if not list(m.children())]
+    hooks = [m.register_forward_hook(count) for m in leaves]
+    try:
+        with torch.inference_mode():
+            model.module(*model.collate(inputs, len(inputs)))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return total
+
+
+def run_profile(args: argparse.Namespace) -> int:
+    sizes = _sizes(args.batch_sizes)
+    budget = parse_size_bytes(args.memory_budget, field="--memory-budget")
+    model = load_model(args.model)
+    runner = TorchRunner(model, args.device)
+    points = []
+    for size in sizes:
+        times = measure(runner, _inputs(model, size, args.seq_len), args.runs)
+        points.append((size, float(times.mean()), float(np.quantile(times, 0.99))))
+    parameters = sum(p.numel() * p.element_size() for p in model.module.parameters())
+    probe = max(sizes[0], min(8, sizes[-1]))
+    per_sample = activation_bytes(model, _inputs(model, probe, args.seq_len), runner.device) / probe
+    device_bytes = (
+        torch.cuda.get_device_properties(0).total_memory if runner.device.type == "cuda" else budget
+    )
+    document = {
+        "model": model.name,
+        "device": str(runner.device),
+        "points": [
+            {"batch_size": b, "mean_ms": round(m * 1e3, 4), "p99_ms": round(p * 1e3, 4)}
+            for b, m, p in points
+        ],
+        "memory": {
+            "device_bytes": int(device_bytes),
+            "parameter_bytes": int(parameters),
+            "activation_bytes_per_sample": int(per_sample),
+        },
+    }
+    print(_table(points, document["memory"]))
+    if args.out is not None:
+        _write(args.out, document)
+        model_check = parse_latency_model(str(args.out))  # what simulate will load
+        print(f"wrote {args.out} ({model_check.describe()})")
+    if args.plot is not None:
+        _plot(points, args.plot, model.name)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+def _table(points: list[tuple[int, float, float]], memory: dict) -> str:
+    base_throughput = points[0][0] / points[0][1]
+    lines = [f"{'batch':>6} {'mean ms':>9} {'p99 ms':>9} {'req/s':>10} {'vs batch 1':>10}"]
+    for size, mean, p99 in points:
+        throughput = size / mean
+        lines.append(
+            f"{size:>6} {mean * 1e3:>9.3f} {p99 * 1e3:>9.3f} {throughput:>10.0f} "
+            f"{throughput / base_throughput:>9.2f}x"
+        )
+    sizes = np.array([p[0] for p in points], dtype=float)
+    means = np.array([p[1] for p in points]) * 1e3
+    slope, intercept = np.polyfit(sizes, means, 1) if len(points) > 1 else (0.0, means[0])
+    free = memory["device_bytes"] - memory["parameter_bytes"]
+    largest = free // max(memory["activation_bytes_per_sample"], 1)
+    lines.append(f"linear fit: linear:{max(intercept, 0):.3f},{max(slope, 0):.4f} (ms)")
+    lines.append(
+        f"parameters {memory['parameter_bytes'] / 2**20:.1f} MiB, activations "
+        f"{memory['activation_bytes_per_sample'] / 2**20:.2f} MiB/sample: largest feasible batch "
+        f"{largest:,}"
+    )
+    return "\n".join(lines)
+
+
+def _write(path: Path, document: dict) -> None:
+    try:
+        path.write_text(json.dumps(document, indent=2) + "\n")
+    except OSError as error:
+        raise InvalidInput(f"{path}: cannot write ({error.strerror})") from None
+
+
+def _plot(points: list[tuple[int, float, float]], path: Path, name: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = [p[0] for p in points]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.5))
+    left.plot(sizes, [p[1] * 1e3 for p in points], marker="o", label="mean")
+    left.plot(sizes, [p[2] * 1e3 for p in points], marker=".", label="p99")
+    left.set(xscale="log", xlabel="batch size", ylabel="ms per batch", title=f"{name}: latency")
+    left.legend()
+    right.plot(sizes, [p[0] / p[1] for p in points], marker="o")
+    right.set(xscale="log", xlabel="batch size", ylabel="requests/s", title="throughput")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
