@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 
 from forecaster import cli as forecast_cli
-from server import profile_cli, worker_cli
+from server import loadgen, profile_cli, worker_cli
 from simulations import trace_cli
 from simulations.cli import run_reporting_errors
 
@@ -25,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     forecast_cli.add_parser(subparsers)
     worker_cli.add_parser(subparsers)
     profile_cli.add_parser(subparsers)
+    loadgen.add_parser(subparsers)
     return parser
 
 

@@ -38,6 +38,8 @@ class ServedModel:
     validate: Callable[[Any], Any]
     example: Callable[[int], Any]  # seeded example input number i
     padding_waste: Callable[[Sequence[Any]], float] = lambda inputs: 0.0
+    from_bytes: Callable[[bytes], Any] | None = None  # the compact binary body, if any
+    to_bytes: Callable[[Any], bytes] | None = None
 
 
 class _Block(nn.Module):
@@ -142,6 +144,29 @@ def _token_waste(inputs: Sequence[torch.Tensor]) -> float:
     return 1.0 - sum(t.shape[0] for t in inputs) / (longest * len(inputs))
 
 
+def _image_from_bytes(body: bytes) -> torch.Tensor:
+    expected = 4 * IMAGE_SHAPE[0] * IMAGE_SHAPE[1] * IMAGE_SHAPE[2]
+    if len(body) != expected:
+        raise InvalidInput(
+            f"binary input must be {expected} bytes of float32 (3x32x32), got {len(body)}"
+        )
+    return torch.frombuffer(bytearray(body), dtype=torch.float32).reshape(IMAGE_SHAPE)
+
+
+def _image_to_bytes(value: Any) -> bytes:
+    return torch.as_tensor(value, dtype=torch.float32).numpy().tobytes()
+
+
+def _tokens_from_bytes(body: bytes) -> torch.Tensor:
+    if not body or len(body) % 4:
+        raise InvalidInput("binary input must be int32 token ids (a multiple of 4 bytes)")
+    return _tokens(torch.frombuffer(bytearray(body), dtype=torch.int32).tolist())
+
+
+def _tokens_to_bytes(value: Any) -> bytes:
+    return torch.as_tensor(value, dtype=torch.int32).numpy().tobytes()
+
+
 def _example_image(i: int) -> list:
     generator = torch.Generator().manual_seed(i)
     return torch.rand(IMAGE_SHAPE, generator=generator).tolist()
@@ -156,9 +181,24 @@ def _example_tokens(i: int) -> list[int]:
 def _demo(name: str) -> ServedModel:
     torch.manual_seed(0)  # the demos' weights are part of their definition
     if name == "demo-cnn":
-        return ServedModel(name, _seeded(DemoCnn()), _collate_images, _image, _example_image)
+        return ServedModel(
+            name,
+            _seeded(DemoCnn()),
+            _collate_images,
+            _image,
+            _example_image,
+            from_bytes=_image_from_bytes,
+            to_bytes=_image_to_bytes,
+        )
     return ServedModel(
-        name, _seeded(DemoText()), _collate_tokens, _tokens, _example_tokens, _token_waste
+        name,
+        _seeded(DemoText()),
+        _collate_tokens,
+        _tokens,
+        _example_tokens,
+        _token_waste,
+        from_bytes=_tokens_from_bytes,
+        to_bytes=_tokens_to_bytes,
     )
 
 

@@ -1,6 +1,8 @@
 """The worker's HTTP API (FastAPI): inference, health, stats, config and metrics.
 
-    POST /v1/infer   {"input": ..., "deadline_ms": 250}   (or header X-Deadline-Ms)
+    POST /v1/infer   {"input": ..., "deadline_ms": 250}   (or header X-Deadline-Ms), or
+                     the model's compact binary body (application/octet-stream:
+                     float32 3x32x32 for demo-cnn, int32 token ids for demo-text)
                      -> {"output": ..., "timing": {queue_wait_ms, batch_size,
                                                     padded_size, execution_ms}}
     GET  /healthz    GET /v1/stats    GET /metrics (Prometheus text)
@@ -20,7 +22,7 @@ from fastapi import FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from adaptive.config import BatchConfig
 from adaptive.errors import InvalidInput
@@ -63,13 +65,23 @@ def create_app(model: ServedModel, batcher: DynamicBatcher) -> FastAPI:
         field = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
         return _error(422, f"{field or 'body'}: {first.get('msg', 'invalid')}", field)
 
-    @app.post("/v1/infer")
-    async def infer(body: InferRequest, x_deadline_ms: float | None = Header(default=None)) -> Any:
-        try:
-            item = model.validate(body.input)
-        except InvalidInput as error:
-            return _error(422, f"input: {error}", "input")
-        deadline_ms = body.deadline_ms if body.deadline_ms is not None else x_deadline_ms
+    @app.post(
+        "/v1/infer",
+        openapi_extra={
+            "requestBody": {
+                "content": {
+                    "application/json": {"schema": InferRequest.model_json_schema()},
+                    "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+                }
+            }
+        },
+    )
+    async def infer(request: Request, x_deadline_ms: float | None = Header(default=None)) -> Any:
+        parsed = await _parse_infer(request, model)
+        if isinstance(parsed, JSONResponse):
+            return parsed
+        item, body_deadline_ms = parsed
+        deadline_ms = body_deadline_ms if body_deadline_ms is not None else x_deadline_ms
         try:
             served = await batcher.submit(item, None if deadline_ms is None else deadline_ms / 1e3)
         except QueueFull as error:
@@ -114,6 +126,28 @@ def create_app(model: ServedModel, batcher: DynamicBatcher) -> FastAPI:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+async def _parse_infer(request: Request, model: ServedModel):
+    """(validated input, deadline ms) from a JSON or a binary body, or a 4xx response."""
+    body = await request.body()
+    if request.headers.get("content-type", "").startswith("application/octet-stream"):
+        if model.from_bytes is None:
+            return _error(415, f"{model.name} takes JSON bodies only", "content-type")
+        try:
+            return model.from_bytes(body), None
+        except InvalidInput as error:
+            return _error(422, f"input: {error}", "input")
+    try:
+        parsed = InferRequest.model_validate_json(body)
+    except ValidationError as error:
+        first = error.errors()[0]
+        field = ".".join(str(p) for p in first.get("loc", ())) or "body"
+        return _error(422, f"{field}: {first.get('msg', 'invalid')}", field)
+    try:
+        return model.validate(parsed.input), parsed.deadline_ms
+    except InvalidInput as error:
+        return _error(422, f"input: {error}", "input")
 
 
 def _stats(batcher: DynamicBatcher) -> dict[str, Any]:

@@ -1,0 +1,210 @@
+"""`tidal loadgen`: replay a trace against a worker, open loop.
+
+    tidal loadgen --trace examples/promo_day.csv --target http://127.0.0.1:8001 \\
+                  --time-scale 100 --duration 60s --out results.csv
+
+Requests leave at the trace's arrival times whatever the latency (open loop: a slow
+server does not slow the offered load), bounded by `--max-in-flight` (past it a request
+is counted as not sent, never queued in the client) and by `--duration`. Payloads are the
+model's seeded example inputs, encoded once. Prints the achieved rate, latency
+percentiles and errors by status; `--out` writes one row per request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import json
+import time
+from dataclasses import astuple, dataclass, fields
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from adaptive.errors import InvalidInput
+from adaptive.units import parse_duration_s
+from server.models import load_model
+from simulations.traces import load_trace
+
+PAYLOADS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class RequestResult:
+    scheduled_s: float
+    sent_s: float
+    status: int  # 0: not sent (in-flight bound), -1: connection error
+    latency_s: float
+    queue_wait_ms: float | None
+    batch_size: int | None
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    loadgen = subparsers.add_parser("loadgen", help="replay a trace against a worker (open loop)")
+    loadgen.add_argument("--trace", required=True, type=Path)
+    loadgen.add_argument(
+        "--target", required=True, help="worker base URL, e.g. http://127.0.0.1:8001"
+    )
+    loadgen.add_argument("--model", default="demo-cnn", help="whose example inputs to send")
+    loadgen.add_argument("--time-scale", type=float, default=1.0, help="replay K times faster")
+    loadgen.add_argument("--rate-scale", type=float, default=1.0, help="K times the load")
+    loadgen.add_argument("--duration", help="stop after this much replay time, e.g. 60s")
+    loadgen.add_argument("--max-in-flight", type=int, default=1000)
+    loadgen.add_argument("--seed", type=int, default=0)
+    loadgen.add_argument(
+        "--encoding",
+        choices=["binary", "json"],
+        default="binary",
+        help="request bodies (default binary)",
+    )
+    loadgen.add_argument("--out", type=Path, help="per-request CSV")
+    loadgen.add_argument("--json", action="store_true", help="print only the summary JSON")
+    loadgen.set_defaults(handler=run_loadgen)
+
+
+def arrival_times(
+    trace_path: Path, time_scale: float, rate_scale: float, duration_s: float | None, seed: int
+) -> np.ndarray:
+    trace = load_trace(trace_path, time_scale=time_scale, rate_scale=rate_scale)
+    rng = np.random.default_rng(seed)
+    parts = []
+    for end_s, arrivals in trace.arrival_chunks(60.0, rng):
+        parts.append(arrivals)
+        if duration_s is not None and end_s >= duration_s:
+            break
+    times = np.concatenate(parts) if parts else np.zeros(0)
+    return times[times < duration_s] if duration_s is not None else times
+
+
+async def replay(
+    target: str,
+    times: np.ndarray,
+    payloads: list[bytes],
+    max_in_flight: int,
+    content_type: str = "application/json",
+) -> list[RequestResult]:
+    """Send one request per arrival time (seconds from now); returns one result each."""
+    limits = httpx.Limits(max_connections=max_in_flight, max_keepalive_connections=max_in_flight)
+    async with httpx.AsyncClient(base_url=target, timeout=60.0, limits=limits) as client:
+        results: list[RequestResult | None] = [None] * times.size
+        in_flight = 0
+        tasks = []
+        start = time.monotonic()
+
+        async def send(i: int, scheduled: float) -> None:
+            nonlocal in_flight
+            sent = time.monotonic() - start
+            try:
+                response = await client.post(
+                    "/v1/infer",
+                    content=payloads[i % len(payloads)],
+                    headers={"content-type": content_type},
+                )
+                latency = time.monotonic() - start - sent
+                timing = response.json().get("timing", {}) if response.status_code == 200 else {}
+                results[i] = RequestResult(
+                    scheduled,
+                    sent,
+                    response.status_code,
+                    latency,
+                    timing.get("queue_wait_ms"),
+                    timing.get("batch_size"),
+                )
+            except httpx.HTTPError:
+                results[i] = RequestResult(
+                    scheduled, sent, -1, time.monotonic() - start - sent, None, None
+                )
+            finally:
+                in_flight -= 1
+
+        for i, at in enumerate(times):
+            delay = at - (time.monotonic() - start)
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if in_flight >= max_in_flight:
+                results[i] = RequestResult(float(at), float(at), 0, 0.0, None, None)
+                continue
+            in_flight += 1
+            tasks.append(asyncio.create_task(send(i, float(at))))
+        await asyncio.gather(*tasks)
+    return [r for r in results if r is not None]
+
+
+def encode_payloads(model, encoding: str) -> tuple[list[bytes], str]:
+    """The model's seeded example inputs, encoded once (binary when the model has it)."""
+    if encoding == "binary" and model.to_bytes is not None:
+        return [
+            model.to_bytes(model.example(i)) for i in range(PAYLOADS)
+        ], "application/octet-stream"
+    return [
+        json.dumps({"input": model.example(i)}).encode() for i in range(PAYLOADS)
+    ], "application/json"
+
+
+def summarise(results: list[RequestResult], span_s: float) -> dict:
+    statuses: dict[str, int] = {}
+    for r in results:
+        statuses[str(r.status)] = statuses.get(str(r.status), 0) + 1
+    ok = np.array([r.latency_s for r in results if r.status == 200])
+    sizes = [r.batch_size for r in results if r.batch_size]
+    lag = np.array([r.sent_s - r.scheduled_s for r in results if r.status != 0])
+    quantile = (
+        (lambda q: round(float(np.quantile(ok, q)) * 1e3, 3)) if ok.size else (lambda q: None)
+    )
+    return {
+        "requests": len(results),
+        "ok": int(ok.size),
+        "offered_rps": round(len(results) / span_s, 2) if span_s else 0.0,
+        "achieved_rps": round(ok.size / span_s, 2) if span_s else 0.0,
+        "latency_ms": {
+            "p50": quantile(0.5),
+            "p90": quantile(0.9),
+            "p99": quantile(0.99),
+            "max": quantile(1.0),
+        },
+        "mean_batch_size": round(float(np.mean(sizes)), 3) if sizes else None,
+        "send_lag_p99_ms": round(float(np.quantile(lag, 0.99)) * 1e3, 3) if lag.size else None,
+        "by_status": statuses,
+    }
+
+
+def run_loadgen(args: argparse.Namespace) -> int:
+    duration_s = parse_duration_s(args.duration, field="--duration") if args.duration else None
+    if args.max_in_flight < 1:
+        raise InvalidInput(f"--max-in-flight must be >= 1, got {args.max_in_flight}")
+    times = arrival_times(args.trace, args.time_scale, args.rate_scale, duration_s, args.seed)
+    if not times.size:
+        raise InvalidInput(f"{args.trace}: no arrivals to replay in the chosen span")
+    model = load_model(args.model)
+    payloads, content_type = encode_payloads(model, args.encoding)
+    results = asyncio.run(replay(args.target, times, payloads, args.max_in_flight, content_type))
+    span_s = float(times[-1]) if times.size > 1 else 1.0
+    summary = {"target": args.target, "trace": str(args.trace), **summarise(results, span_s)}
+    if args.out is not None:
+        _write_results(args.out, results)
+    print(json.dumps(summary) if args.json else _format(summary))
+    return 0
+
+
+def _format(summary: dict) -> str:
+    lat = summary["latency_ms"]
+    return (
+        f"{summary['requests']:,} requests: offered {summary['offered_rps']:,.1f} req/s, "
+        f"achieved {summary['achieved_rps']:,.1f} req/s\n"
+        f"latency ms p50 {lat['p50']} p90 {lat['p90']} p99 {lat['p99']} max {lat['max']}; "
+        f"mean batch {summary['mean_batch_size']}; send lag p99 {summary['send_lag_p99_ms']} ms\n"
+        f"by status: {summary['by_status']} "
+        "(0: not sent, over --max-in-flight; -1: connection error)"
+    )
+
+
+def _write_results(path: Path, results: list[RequestResult]) -> None:
+    try:
+        with path.open("w", newline="") as handle:
+            writer = csv.writer(handle)
+            writer.writerow([f.name for f in fields(RequestResult)])
+            writer.writerows(astuple(r) for r in results)
+    except OSError as error:
+        raise InvalidInput(f"{path}: cannot write ({error.strerror})") from None
