@@ -1,6 +1,7 @@
 """A real `tidal worker` process on a free port, driven over HTTP (demo CNN, CPU)."""
 
 import asyncio
+import json
 import signal
 import socket
 import subprocess
@@ -167,3 +168,39 @@ def test_sigterm_drains_what_is_queued_and_exits_0():
     answers = asyncio.run(scenario())
     assert [a.status_code for a in answers] == [200] * 5
     assert process.wait(30) == 0
+
+
+def test_loadgen_replays_a_trace_open_loop(worker, tmp_path, capsys):
+    from server.cli import main
+
+    trace = tmp_path / "steady.csv"
+    trace.write_text("timestamp,count\n" + "".join(f"{s},40\n" for s in range(10)))
+    out = tmp_path / "results.csv"
+    argv = ["loadgen", "--trace", str(trace), "--target", worker, "--duration", "2s"]
+    assert main([*argv, "--out", str(out), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["by_status"] == {"200": summary["requests"]}
+    assert 40 <= summary["requests"] <= 130  # Poisson around 80 in 2 s
+    rows = out.read_text().splitlines()
+    assert rows[0] == "scheduled_s,sent_s,status,latency_s,queue_wait_ms,batch_size"
+    assert len(rows) == 1 + summary["requests"]
+
+
+def test_profile_writes_json_that_simulate_loads(tmp_path, capsys):
+    from server.cli import main as tidal
+    from simulations.cli import main as simulate
+
+    profile = tmp_path / "profile.json"
+    argv = ["profile", "--model", "demo-cnn", "--batch-sizes", "1,2,4", "--runs", "3"]
+    assert tidal([*argv, "--memory-budget", "64MiB", "--out", str(profile)]) == 0
+    document = json.loads(profile.read_text())
+    assert [p["batch_size"] for p in document["points"]] == [1, 2, 4]
+    assert all(p["p99_ms"] >= p["mean_ms"] > 0 for p in document["points"])
+    memory = document["memory"]
+    assert memory["device_bytes"] == 64 * 2**20 and memory["parameter_bytes"] > 1e6
+    assert "largest feasible batch" in capsys.readouterr().out
+    trace = tmp_path / "t.csv"
+    trace.write_text("timestamp,count\n" + "".join(f"{s},100\n" for s in range(20)))
+    assert simulate(["--trace", str(trace), "--latency-model", str(profile), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["latency_model"] == str(profile)
