@@ -29,6 +29,9 @@ from adaptive.errors import TidalError
 from adaptive.warmup import bucket_for, buckets_through
 from server.runner import ModelRunner, OutOfMemory
 
+SPIN_S = 0.0015
+"""Within this much of a deadline the loop yields instead of sleeping (see _sleep_until)."""
+
 
 class QueueFull(TidalError):
     """The bounded queue is full: the caller should retry later (HTTP 429)."""
@@ -109,6 +112,8 @@ class DynamicBatcher:
         self._warming: asyncio.Task | None = None
         self._loop_task: asyncio.Task | None = None
         self.on_batch = None  # called with (size, cap in force, execution seconds)
+        self.on_dispatch = None  # called with seconds between when a batch was due and left
+        self._free_since = 0.0  # when an instance last became free after all were busy
 
     # -- public ------------------------------------------------------------------
 
@@ -187,11 +192,21 @@ class DynamicBatcher:
             deadline = self._batcher.next_deadline()
             now = time.monotonic()
             if deadline is not None and deadline > now and not self._closing:
-                await self._sleep(deadline - now)
+                await self._sleep_until(deadline, now)
                 continue
             batch = self._batcher.take_nowait(max(now, deadline or now))
             if batch:
+                if self.on_dispatch is not None and deadline is not None:
+                    self.on_dispatch(now - max(deadline, self._free_since))
                 self._launch(batch, now)
+
+    async def _sleep_until(self, deadline: float, now: float) -> None:
+        """The selector sleeps in whole milliseconds (epoll rounds up), so the last
+        stretch before a deadline is spent yielding to the loop instead of sleeping."""
+        if deadline - now > SPIN_S:
+            await self._sleep(deadline - now - SPIN_S)
+        else:
+            await asyncio.sleep(0)
 
     async def _sleep(self, timeout_s: float | None) -> None:
         self._wake.clear()
@@ -220,6 +235,8 @@ class DynamicBatcher:
         try:
             await self._run_splitting(batch, dispatched_at)
         finally:
+            if self._free == 0:
+                self._free_since = time.monotonic()
             self._free += 1
             self._wake.set()
 
