@@ -39,6 +39,7 @@ class RequestResult:
     latency_s: float
     queue_wait_ms: float | None
     batch_size: int | None
+    execution_ms: float | None = None
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -111,6 +112,7 @@ async def replay(
                     latency,
                     timing.get("queue_wait_ms"),
                     timing.get("batch_size"),
+                    timing.get("execution_ms"),
                 )
             except httpx.HTTPError:
                 results[i] = RequestResult(

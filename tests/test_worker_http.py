@@ -182,7 +182,7 @@ def test_loadgen_replays_a_trace_open_loop(worker, tmp_path, capsys):
     assert summary["by_status"] == {"200": summary["requests"]}
     assert 40 <= summary["requests"] <= 130  # Poisson around 80 in 2 s
     rows = out.read_text().splitlines()
-    assert rows[0] == "scheduled_s,sent_s,status,latency_s,queue_wait_ms,batch_size"
+    assert rows[0] == "scheduled_s,sent_s,status,latency_s,queue_wait_ms,batch_size,execution_ms"
     assert len(rows) == 1 + summary["requests"]
 
 
