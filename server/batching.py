@@ -114,6 +114,8 @@ class DynamicBatcher:
         self.on_batch = None  # called with (size, cap in force, execution seconds)
         self.on_dispatch = None  # called with seconds between when a batch was due and left
         self._free_since = 0.0  # when an instance last became free after all were busy
+        self._window_latencies: list[float] = []  # since the last take_window()
+        self._window_batches: dict[int, int] = {}
 
     # -- public ------------------------------------------------------------------
 
@@ -179,6 +181,12 @@ class DynamicBatcher:
                 await self._warming
         self._executor.shutdown(wait=True)
         self._warm_executor.shutdown(wait=False, cancel_futures=True)
+
+    def take_window(self) -> tuple[list[float], dict[int, int]]:
+        """Latencies (queue wait + execution) and batch sizes since the last call."""
+        window = self._window_latencies, self._window_batches
+        self._window_latencies, self._window_batches = [], {}
+        return window
 
     # -- the loop ------------------------------------------------------------------
 
@@ -275,6 +283,9 @@ class DynamicBatcher:
             s.padding_waste_sum += self._padding_waste([q.item.item for q in batch])
         if self.on_batch is not None:
             self.on_batch(len(batch), self.serving_cap, execution_s)
+        self._window_batches[len(batch)] = self._window_batches.get(len(batch), 0) + 1
+        done_at = dispatched_at + execution_s
+        self._window_latencies.extend(done_at - q.arrived_at for q in batch)
         for queued, output in zip(batch, outputs, strict=True):
             s.completed += 1
             if not queued.item.future.done():

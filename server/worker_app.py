@@ -28,6 +28,7 @@ from adaptive.config import BatchConfig
 from adaptive.errors import InvalidInput
 from server.batching import DeadlineExceeded, DynamicBatcher, QueueFull, ShuttingDown
 from server.models import ServedModel
+from server.reporter import StatsReporter
 from server.worker_metrics import WorkerMetrics
 
 
@@ -46,16 +47,23 @@ def _error(status: int, message: str, field: str | None = None, **headers: str) 
     return JSONResponse({"error": message, "field": field}, status_code=status, headers=headers)
 
 
-def create_app(model: ServedModel, batcher: DynamicBatcher) -> FastAPI:
-    """The worker's app; the batcher starts and drains with the app's lifespan."""
+def create_app(
+    model: ServedModel, batcher: DynamicBatcher, reporter: StatsReporter | None = None
+) -> FastAPI:
+    """The worker's app; the batcher (and the bus reporter, if any) start and stop with
+    the app's lifespan."""
     registry = CollectorRegistry()
     metrics = WorkerMetrics(registry, batcher)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         await batcher.start()
+        if reporter is not None:
+            reporter.start()
         yield
         await batcher.drain()
+        if reporter is not None:
+            await reporter.stop()
 
     app = FastAPI(title=f"Tidal worker: {model.name}", lifespan=lifespan)
 
