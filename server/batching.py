@@ -26,6 +26,7 @@ from typing import Any
 from adaptive.batcher import Batcher, Queued
 from adaptive.config import BatchConfig
 from adaptive.errors import TidalError
+from adaptive.grouped import GroupedBatcher
 from adaptive.warmup import bucket_for, buckets_through
 from server.runner import ModelRunner, OutOfMemory
 
@@ -93,6 +94,7 @@ class DynamicBatcher:
         max_queue: int | None = None,
         warm_at_start: bool = True,
         padding_waste=None,
+        group_key=None,
     ) -> None:
         self.runner = runner
         self.instances = instances
@@ -101,7 +103,12 @@ class DynamicBatcher:
         self.version = 0
         self.accepted_cap: int | None = None  # lowered after an out-of-memory split
         self._padding_waste = padding_waste
-        self._batcher: Batcher[_Request] = Batcher(config, max_queue)
+        # With a group key (a length bucket), each group is batched on its own.
+        self._batcher: Batcher[_Request] | GroupedBatcher[_Request] = (
+            Batcher(config, max_queue)
+            if group_key is None
+            else GroupedBatcher(config, lambda request: group_key(request.item), max_queue)
+        )
         self._warm_top = bucket_for(config.warm_target) if not warm_at_start else 0
         self._executor = ThreadPoolExecutor(instances, thread_name_prefix="model")
         self._warm_executor = ThreadPoolExecutor(1, thread_name_prefix="warmup")

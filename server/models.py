@@ -40,6 +40,7 @@ class ServedModel:
     padding_waste: Callable[[Sequence[Any]], float] = lambda inputs: 0.0
     from_bytes: Callable[[bytes], Any] | None = None  # the compact binary body, if any
     to_bytes: Callable[[Any], bytes] | None = None
+    length_group: Callable[[Any], int] | None = None  # for --group-by-length
 
 
 class _Block(nn.Module):
@@ -167,6 +168,11 @@ def _tokens_to_bytes(value: Any) -> bytes:
     return torch.as_tensor(value, dtype=torch.int32).numpy().tobytes()
 
 
+def _length_bucket(tokens: torch.Tensor) -> int:
+    """Sequences of 1-16 tokens, 17-32, 33-64, 65-128: each group pads within itself."""
+    return max(16, 1 << (int(tokens.shape[0]) - 1).bit_length())
+
+
 def _example_image(i: int) -> list:
     generator = torch.Generator().manual_seed(i)
     return torch.rand(IMAGE_SHAPE, generator=generator).tolist()
@@ -199,6 +205,7 @@ def _demo(name: str) -> ServedModel:
         _token_waste,
         from_bytes=_tokens_from_bytes,
         to_bytes=_tokens_to_bytes,
+        length_group=_length_bucket,
     )
 
 

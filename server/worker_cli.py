@@ -38,6 +38,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--instances", type=int, default=1, help="model instances (batches in flight)"
     )
     worker.add_argument("--pool", default="default", help="the pool this worker serves")
+    worker.add_argument(
+        "--group-by-length",
+        action="store_true",
+        help="batch variable-length inputs by length bucket (less padding; demo-text)",
+    )
     worker.set_defaults(handler=run_worker)
 
 
@@ -47,6 +52,14 @@ def parse_config(text: str):
         return build_policy(f"static:{text}", PolicyContext(0.1, 1)).initial_config()
     except InvalidInput as error:
         raise InvalidInput(f"--config: {str(error).split(': ', 1)[-1]}") from None
+
+
+def _group_key(model, wanted: bool):
+    if not wanted:
+        return None
+    if model.length_group is None:
+        raise InvalidInput(f"--group-by-length: {model.name} has fixed-size inputs")
+    return model.length_group
 
 
 def run_worker(args: argparse.Namespace) -> int:
@@ -63,6 +76,7 @@ def run_worker(args: argparse.Namespace) -> int:
         instances=args.instances,
         max_queue=args.max_queue,
         padding_waste=model.padding_waste,
+        group_key=_group_key(model, args.group_by_length),
     )
     app = create_app(model, batcher)
     config = uvicorn.Config(
