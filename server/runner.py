@@ -1,9 +1,10 @@
 """Running batches of a served model: the `ModelRunner` seam and its torch implementation.
 
 `run(inputs, padded_size)` executes one batch padded to a warmed bucket and returns one
-output per input; `warm(size)` prepares a bucket (dummy batches, and with CUDA a capture
-would go here) and returns how long it took. Both block: the batcher calls them on
-worker threads, so the event loop keeps accepting requests while a batch runs.
+output per input; `warm(size)` prepares a bucket (dummy batches; with `compile=True`
+that compiles the bucket's shape with `torch.compile`) and returns how long it took.
+Both block: the batcher calls them on worker threads, so the event loop keeps
+accepting requests while a batch runs.
 """
 
 from __future__ import annotations
@@ -32,11 +33,17 @@ class OutOfMemory(Exception):
 class TorchRunner:
     """Runs a `ServedModel` under `torch.inference_mode` on one device."""
 
-    def __init__(self, model: ServedModel, device: str = "cpu", warm_runs: int = 2) -> None:
+    def __init__(
+        self, model: ServedModel, device: str = "cpu", warm_runs: int = 2, compile: bool = False
+    ) -> None:
         self.model = model
         self.device = torch.device(device)
         self.module = model.module.to(self.device)
         self.warm_runs = warm_runs
+        if compile:
+            # Static shapes: every padded bucket compiles once, on its first (warm-up)
+            # batch, which is exactly the warm-up the batcher plans around.
+            self.module = torch.compile(self.module, dynamic=False)
 
     def run(self, inputs: Sequence[Any], padded_size: int) -> list[Any]:
         arguments = [a.to(self.device) for a in self.model.collate(inputs, padded_size)]

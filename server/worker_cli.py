@@ -39,6 +39,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     worker.add_argument("--pool", default="default", help="the pool this worker serves")
     worker.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile each batch-size bucket when it is warmed (static shapes)",
+    )
+    worker.add_argument(
         "--group-by-length",
         action="store_true",
         help="batch variable-length inputs by length bucket (less padding; demo-text)",
@@ -69,7 +74,7 @@ def run_worker(args: argparse.Namespace) -> int:
     if args.max_queue is not None and args.max_queue < 1:
         raise InvalidInput(f"--max-queue must be >= 1, got {args.max_queue}")
     model = load_model(args.model)
-    runner = TorchRunner(model, args.device)
+    runner = TorchRunner(model, args.device, compile=args.compile)
     batcher = DynamicBatcher(
         runner,
         config,

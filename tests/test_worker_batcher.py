@@ -127,3 +127,21 @@ def test_raising_the_cap_serves_the_old_cap_until_warm():
     runner, caps = run(scenario())
     assert caps == [4, 32]
     assert runner.warmed == [8, 16, 32]
+
+
+def test_compiled_buckets_warm_slowly_once_and_answer_like_eager():
+    import torch
+
+    from server.models import load_model
+    from server.runner import TorchRunner
+
+    model = load_model("demo-cnn")
+    eager = TorchRunner(model)
+    compiled = TorchRunner(load_model("demo-cnn"), compile=True)
+    warm_s = compiled.warm(2)
+    inputs = [model.validate(model.example(i)) for i in range(2)]
+    started = time.perf_counter()
+    outputs = compiled.run(inputs, 2)
+    assert warm_s > 10 * (time.perf_counter() - started)  # compiling costs, running does not
+    expected = torch.tensor(eager.run(inputs, 2))
+    assert torch.allclose(torch.tensor(outputs), expected, atol=1e-4)
