@@ -9,7 +9,9 @@ weights, so nothing is downloaded and every run serves the same function.
 - `demo-cnn`: a small ResNet-style image classifier, input 3x32x32 floats, 10 classes.
 - `demo-text`: a transformer encoder over token ids (1..1000, up to 128 long), padded
   to the batch's longest sequence with an attention mask, 4 classes.
-- a path to a TorchScript file (`torch.jit.save`), inputs as nested float lists;
+- a path to a TorchScript file (`torch.jit.save`) or a `torch.export` program (`.pt2`,
+  `torch.export.save`; exported with a fixed batch size, so every bucket is that size
+  unless exported with a dynamic batch dimension), inputs as nested float lists;
 - `module:factory`, a function returning an `nn.Module`, or `(module, collate)`.
 """
 
@@ -229,6 +231,8 @@ def load_model(spec: str) -> ServedModel:
     """`demo-cnn`, `demo-text`, a TorchScript path, or `module:factory`."""
     if spec in ("demo-cnn", "demo-text"):
         return _demo(spec)
+    if Path(spec).exists() and spec.endswith(".pt2"):
+        return _exported(spec)
     if Path(spec).exists():
         try:
             module = torch.jit.load(spec, map_location="cpu").eval()
@@ -242,6 +246,17 @@ def load_model(spec: str) -> ServedModel:
     raise InvalidInput(
         f"unknown model {spec!r}: use demo-cnn, demo-text, a TorchScript path or module:factory"
     )
+
+
+def _exported(spec: str) -> ServedModel:
+    """A `torch.export` program (`torch.export.save`, `.pt2`): TorchScript's successor."""
+    try:
+        module = torch.export.load(spec).module()
+    except (RuntimeError, ValueError, KeyError) as error:
+        raise InvalidInput(
+            f"{spec}: not a torch.export program ({str(error).splitlines()[0]})"
+        ) from None
+    return ServedModel(Path(spec).name, module, _collate_stack, _generic, lambda i: [0.0])
 
 
 def _from_factory(spec: str) -> ServedModel:

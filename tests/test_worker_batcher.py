@@ -145,3 +145,47 @@ def test_compiled_buckets_warm_slowly_once_and_answer_like_eager():
     assert warm_s > 10 * (time.perf_counter() - started)  # compiling costs, running does not
     expected = torch.tensor(eager.run(inputs, 2))
     assert torch.allclose(torch.tensor(outputs), expected, atol=1e-4)
+
+
+def test_torchscript_files_and_user_factories_load_and_run(tmp_path):
+    import torch
+
+    from adaptive.errors import InvalidInput
+    from server.models import load_model
+    from server.runner import TorchRunner
+
+    factory = load_model("tests.fixtures.user_model:build")
+    expected = factory.module(torch.ones(2, 4)).tolist()
+    assert TorchRunner(factory).run([factory.validate([1.0] * 4)] * 2, 2) == expected
+    path = tmp_path / "model.pt"
+    torch.jit.save(torch.jit.script(factory.module), path)
+    scripted = load_model(str(path))
+    outputs = TorchRunner(scripted).run([scripted.validate([1.0] * 4)], 4)
+    assert outputs == [expected[0]]  # padded to 4, answered for 1
+    batch = torch.export.Dim("batch", min=1, max=64)
+    exported = torch.export.export(
+        factory.module, (torch.ones(2, 4),), dynamic_shapes={"input": {0: batch}}
+    )
+    torch.export.save(exported, tmp_path / "model.pt2")
+    program = load_model(str(tmp_path / "model.pt2"))
+    assert TorchRunner(program).run([program.validate([1.0] * 4)], 2) == [expected[0]]
+    with pytest.raises(InvalidInput, match="unknown model"):
+        load_model("no-such-model")
+    bogus = tmp_path / "bogus.pt"
+    bogus.write_text("not a model")
+    with pytest.raises(InvalidInput, match="not a TorchScript file"):
+        load_model(str(bogus))
+
+
+def test_instances_run_batches_concurrently():
+    async def scenario():
+        runner = EchoRunner(base_s=0.05)
+        batcher = DynamicBatcher(runner, BatchConfig(1, 0.0), instances=4, warm_at_start=False)
+        await batcher.start()
+        started = time.perf_counter()
+        await asyncio.gather(*(batcher.submit(i) for i in range(8)))
+        elapsed = time.perf_counter() - started
+        await batcher.drain()
+        return elapsed
+
+    assert run(scenario()) < 0.05 * 8 / 2  # four at a time: about 0.1 s, not 0.4 s
