@@ -1,0 +1,184 @@
+"""The Redis bus: configs, worker stats, liveness, traffic history and leadership.
+
+Keys live under a prefix (`tidal` by default), per pool:
+
+    {prefix}:{pool}:config          hash: version, max_batch, timeout_s, warm_max_batch
+    {prefix}:{pool}:config:notify   pub/sub channel: the new version, after each change
+    {prefix}:{pool}:stats           stream (capped): one entry per WorkerStats, JSON
+    {prefix}:{pool}:arrivals        hash: Unix second -> arrivals (trimmed to `history_s`)
+    {prefix}:{pool}:worker:{id}     heartbeat, with a TTL: a worker that stops beating leaves
+    {prefix}:{pool}:decisions       stream (capped): the controller's decision records
+    {prefix}:{pool}:leader          the controller lease (SET NX PX, renewed)
+
+A config is written with its version by a script that refuses anything not newer, so
+versions never go backwards whoever writes; workers apply only newer versions and read
+the hash when they (re)connect, so a missed notification is never a missed config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from typing import Any
+
+import redis.asyncio as redis
+
+from adaptive.bus import VersionedConfig, WorkerStats
+from adaptive.config import BatchConfig
+
+_SET_IF_NEWER = """
+local current = tonumber(redis.call('HGET', KEYS[1], 'version') or '0')
+if tonumber(ARGV[1]) <= current then return 0 end
+redis.call('HSET', KEYS[1], 'version', ARGV[1], 'max_batch', ARGV[2], 'timeout_s', ARGV[3],
+           'warm_max_batch', ARGV[4])
+redis.call('PUBLISH', KEYS[2], ARGV[1])
+return 1
+"""
+
+_RENEW_IF_HELD = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+
+
+def connect(url: str) -> redis.Redis:
+    """A client for `redis://[user:password@]host:port/db` or `rediss://` (TLS)."""
+    return redis.Redis.from_url(url, decode_responses=True, health_check_interval=10)
+
+
+class RedisBus:
+    """The asyncio side of the Redis bus; one per process, shared by its tasks."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        prefix: str = "tidal",
+        stats_maxlen: int = 100_000,
+        decisions_maxlen: int = 100_000,
+        history_s: int = 8 * 86_400,
+    ) -> None:
+        self.client = client
+        self.prefix = prefix
+        self.stats_maxlen = stats_maxlen
+        self.decisions_maxlen = decisions_maxlen
+        self.history_s = history_s
+        self._set_if_newer = client.register_script(_SET_IF_NEWER)
+        self._renew_if_held = client.register_script(_RENEW_IF_HELD)
+
+    def key(self, pool: str, *parts: str) -> str:
+        return ":".join((self.prefix, pool, *parts))
+
+    # -- configs ---------------------------------------------------------------------
+
+    async def publish_config(self, pool: str, config: VersionedConfig) -> bool:
+        """Write and announce `config`; False (and nothing written) unless it is newer."""
+        c = config.config
+        written = await self._set_if_newer(
+            keys=[self.key(pool, "config"), self.key(pool, "config", "notify")],
+            args=[config.version, c.max_batch_size, repr(c.timeout_s), c.warm_max_batch],
+        )
+        return bool(written)
+
+    async def current_config(self, pool: str) -> VersionedConfig | None:
+        fields = await self.client.hgetall(self.key(pool, "config"))
+        if not fields:
+            return None
+        config = BatchConfig(
+            int(fields["max_batch"]), float(fields["timeout_s"]), int(fields["warm_max_batch"])
+        )
+        return VersionedConfig(int(fields["version"]), config)
+
+    async def subscribe_configs(self, pool: str) -> redis.client.PubSub:
+        """A pub/sub handle on the pool's config channel; each message is a new version."""
+        pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+        await pubsub.subscribe(self.key(pool, "config", "notify"))
+        return pubsub
+
+    # -- worker stats, liveness and traffic history ------------------------------------
+
+    async def publish_worker_stats(
+        self, pool: str, stats: WorkerStats, at_s: float | None = None
+    ) -> None:
+        """Append to the pool's stats stream and add the arrivals to its per-second counts."""
+        second = int(at_s if at_s is not None else time.time())
+        async with self.client.pipeline(transaction=False) as pipe:
+            pipe.xadd(
+                self.key(pool, "stats"),
+                {"stats": json.dumps(dataclasses.asdict(stats))},
+                maxlen=self.stats_maxlen,
+                approximate=True,
+            )
+            pipe.hincrby(self.key(pool, "arrivals"), str(second), stats.arrivals)
+            await pipe.execute()
+
+    async def read_worker_stats(
+        self, pool: str, after: str = "0-0"
+    ) -> tuple[list[WorkerStats], str]:
+        """Stats entries after stream id `after`, and the id to read after next time."""
+        entries = await self.client.xread({self.key(pool, "stats"): after}, count=10_000)
+        stats, last = [], after
+        for _stream, items in entries:
+            for entry_id, fields in items:
+                stats.append(_worker_stats(json.loads(fields["stats"])))
+                last = entry_id
+        return stats, last
+
+    async def arrivals_per_second(self, pool: str, since_s: int, until_s: int) -> dict[int, int]:
+        """Recorded arrivals per Unix second in [since_s, until_s)."""
+        counts = await self.client.hgetall(self.key(pool, "arrivals"))
+        return {int(s): int(n) for s, n in counts.items() if since_s <= int(s) < until_s}
+
+    async def trim_history(self, pool: str, now_s: int) -> int:
+        """Drop per-second counts older than `history_s`; returns how many went."""
+        key = self.key(pool, "arrivals")
+        old = [s for s in await self.client.hkeys(key) if int(s) < now_s - self.history_s]
+        return await self.client.hdel(key, *old) if old else 0
+
+    async def heartbeat(self, pool: str, worker: str, info: dict[str, Any], ttl_s: float) -> None:
+        await self.client.set(
+            self.key(pool, "worker", worker), json.dumps(info), px=int(ttl_s * 1e3)
+        )
+
+    async def workers_alive(self, pool: str) -> dict[str, dict[str, Any]]:
+        alive = {}
+        async for key in self.client.scan_iter(match=self.key(pool, "worker", "*")):
+            value = await self.client.get(key)
+            if value is not None:
+                alive[key.rsplit(":", 1)[-1]] = json.loads(value)
+        return alive
+
+    # -- decisions and leadership ------------------------------------------------------
+
+    async def record_decision(self, pool: str, record: dict[str, Any]) -> str:
+        return await self.client.xadd(
+            self.key(pool, "decisions"),
+            {"record": json.dumps(record)},
+            maxlen=self.decisions_maxlen,
+            approximate=True,
+        )
+
+    async def decisions(self, pool: str, count: int = 100) -> list[dict[str, Any]]:
+        """The newest `count` decision records, oldest first."""
+        entries = await self.client.xrevrange(self.key(pool, "decisions"), count=count)
+        return [json.loads(fields["record"]) for _id, fields in reversed(entries)]
+
+    async def acquire_or_renew_lease(self, pool: str, holder: str, ttl_s: float) -> bool:
+        """True while `holder` leads the pool: takes a free lease or renews its own."""
+        key = self.key(pool, "leader")
+        ttl_ms = int(ttl_s * 1e3)
+        if await self.client.set(key, holder, nx=True, px=ttl_ms):
+            return True
+        return bool(await self._renew_if_held(keys=[key], args=[holder, ttl_ms]))
+
+    async def leader(self, pool: str) -> str | None:
+        return await self.client.get(self.key(pool, "leader"))
+
+
+def _worker_stats(fields: dict[str, Any]) -> WorkerStats:
+    for name in ("latency_buckets", "batch_sizes"):
+        fields[name] = tuple(tuple(pair) for pair in fields[name])
+    fields["warmed_buckets"] = tuple(fields["warmed_buckets"])
+    return WorkerStats(**fields)

@@ -1,0 +1,51 @@
+"""A real redis-server on a free port, private to a test (no disk, no shared state)."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+from contextlib import contextmanager
+
+import redis
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def redis_server(*extra: str):
+    """Yields the server's URL; `extra` are redis-server options (`--requirepass x`)."""
+    port = free_port()
+    process = subprocess.Popen(
+        [
+            "redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            *extra,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    password = extra[extra.index("--requirepass") + 1] if "--requirepass" in extra else None
+    url = f"redis://:{password}@127.0.0.1:{port}/0" if password else f"redis://127.0.0.1:{port}/0"
+    try:
+        for _ in range(100):
+            try:
+                if redis.Redis.from_url(url).ping():
+                    break
+            except redis.exceptions.ConnectionError:
+                time.sleep(0.05)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(10)

@@ -1,0 +1,118 @@
+"""The Redis bus against a real redis-server on a free port."""
+
+import asyncio
+
+import pytest
+import redis.exceptions
+from redis_server import redis_server
+
+from adaptive.bus import VersionedConfig, WorkerStats
+from adaptive.config import BatchConfig
+from server.redis_bus import RedisBus, connect
+
+
+@pytest.fixture(scope="module")
+def url():
+    with redis_server() as address:
+        yield address
+
+
+def stats(worker: str, arrivals: int) -> WorkerStats:
+    return WorkerStats(
+        worker=worker,
+        window_s=1.0,
+        arrivals=arrivals,
+        completed=arrivals,
+        shed=0,
+        latency_buckets=((400, arrivals),),
+        latency_sum_s=0.01 * arrivals,
+        batch_sizes=((4, arrivals // 4),),
+        busy_s=0.1,
+        queue_depth=2,
+        max_batch_size=8,
+        warmed_buckets=(1, 2, 4, 8),
+        config_version=3,
+    )
+
+
+def test_config_versions_never_go_backwards_and_changes_are_announced(url):
+    async def scenario():
+        bus = RedisBus(connect(url), prefix="t1")
+        notices = await bus.subscribe_configs("pool")
+        accepted = [
+            await bus.publish_config("pool", VersionedConfig(v, BatchConfig(8 * v, 0.001 * v)))
+            for v in (2, 1, 3, 3)
+        ]
+        current = await bus.current_config("pool")
+        seen = []
+        while len(seen) < 2:
+            message = await notices.get_message(timeout=1.0)
+            if message:
+                seen.append(message["data"])
+        await notices.aclose()
+        return accepted, current, seen
+
+    accepted, current, seen = asyncio.run(scenario())
+    assert accepted == [True, False, True, False]
+    assert current == VersionedConfig(3, BatchConfig(24, 0.003))
+    assert seen == ["2", "3"]
+
+
+def test_worker_stats_round_trip_and_per_second_arrivals(url):
+    async def scenario():
+        bus = RedisBus(connect(url), prefix="t2")
+        await bus.publish_worker_stats("pool", stats("a", 40), at_s=1000.2)
+        await bus.publish_worker_stats("pool", stats("b", 60), at_s=1000.7)
+        await bus.publish_worker_stats("pool", stats("a", 8), at_s=1001.1)
+        first, cursor = await bus.read_worker_stats("pool")
+        await bus.publish_worker_stats("pool", stats("b", 1), at_s=1002.0)
+        later, _ = await bus.read_worker_stats("pool", cursor)
+        return first, later, await bus.arrivals_per_second("pool", 1000, 1002)
+
+    first, later, arrivals = asyncio.run(scenario())
+    assert first == [stats("a", 40), stats("b", 60), stats("a", 8)]
+    assert later == [stats("b", 1)]
+    assert arrivals == {1000: 100, 1001: 8}
+
+
+def test_heartbeats_expire_and_the_lease_passes_on(url):
+    async def scenario():
+        bus = RedisBus(connect(url), prefix="t3")
+        await bus.heartbeat("pool", "w1", {"version": 3}, ttl_s=0.3)
+        await bus.heartbeat("pool", "w2", {"version": 3}, ttl_s=5)
+        alive_then = sorted(await bus.workers_alive("pool"))
+        first = await bus.acquire_or_renew_lease("pool", "c1", ttl_s=0.3)
+        second = await bus.acquire_or_renew_lease("pool", "c2", ttl_s=0.3)
+        renewed = await bus.acquire_or_renew_lease("pool", "c1", ttl_s=0.3)
+        await asyncio.sleep(0.45)
+        alive_now = sorted(await bus.workers_alive("pool"))
+        taken_over = await bus.acquire_or_renew_lease("pool", "c2", ttl_s=0.3)
+        return alive_then, alive_now, (first, second, renewed, taken_over), await bus.leader("pool")
+
+    alive_then, alive_now, lease, leader = asyncio.run(scenario())
+    assert alive_then == ["w1", "w2"] and alive_now == ["w2"]
+    assert lease == (True, False, True, True) and leader == "c2"
+
+
+def test_decision_log_is_capped_and_returns_the_newest(url):
+    async def scenario():
+        bus = RedisBus(connect(url), prefix="t4")
+        for i in range(5):
+            await bus.record_decision("pool", {"at_s": i, "reason": f"r{i}"})
+        return await bus.decisions("pool", count=3)
+
+    assert [r["at_s"] for r in asyncio.run(scenario())] == [2, 3, 4]
+
+
+def test_password_urls_work_and_a_wrong_password_is_refused():
+    with redis_server("--requirepass", "s3cret") as url:
+
+        async def scenario(address):
+            bus = RedisBus(connect(address))
+            await bus.publish_config("pool", VersionedConfig(1, BatchConfig(8, 0.01)))
+            return await bus.current_config("pool")
+
+        assert asyncio.run(scenario(url)).version == 1
+        wrong = url.replace("s3cret", "nope")
+        with pytest.raises(redis.exceptions.AuthenticationError):
+            asyncio.run(scenario(wrong))
