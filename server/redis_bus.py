@@ -144,10 +144,11 @@ class RedisBus:
 
     async def workers_alive(self, pool: str) -> dict[str, dict[str, Any]]:
         alive = {}
-        async for key in self.client.scan_iter(match=self.key(pool, "worker", "*")):
+        prefix = self.key(pool, "worker", "")
+        async for key in self.client.scan_iter(match=prefix + "*"):
             value = await self.client.get(key)
             if value is not None:
-                alive[key.rsplit(":", 1)[-1]] = json.loads(value)
+                alive[key[len(prefix) :]] = json.loads(value)  # names may hold ':'
         return alive
 
     # -- decisions and leadership ------------------------------------------------------

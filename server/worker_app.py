@@ -29,6 +29,7 @@ from adaptive.errors import InvalidInput
 from server.batching import DeadlineExceeded, DynamicBatcher, QueueFull, ShuttingDown
 from server.models import ServedModel
 from server.reporter import StatsReporter
+from server.worker_link import RedisWorkerLink
 from server.worker_metrics import WorkerMetrics
 
 
@@ -48,22 +49,22 @@ def _error(status: int, message: str, field: str | None = None, **headers: str) 
 
 
 def create_app(
-    model: ServedModel, batcher: DynamicBatcher, reporter: StatsReporter | None = None
+    model: ServedModel, batcher: DynamicBatcher, link: StatsReporter | RedisWorkerLink | None = None
 ) -> FastAPI:
-    """The worker's app; the batcher (and the bus reporter, if any) start and stop with
-    the app's lifespan."""
+    """The worker's app; the batcher (and its bus link, if any) start and stop with the
+    app's lifespan. The link stops after the drain, so the last window is reported."""
     registry = CollectorRegistry()
     metrics = WorkerMetrics(registry, batcher)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         await batcher.start()
-        if reporter is not None:
-            reporter.start()
+        if link is not None:
+            link.start()
         yield
         await batcher.drain()
-        if reporter is not None:
-            await reporter.stop()
+        if link is not None:
+            await link.stop()
 
     app = FastAPI(title=f"Tidal worker: {model.name}", lifespan=lifespan)
 

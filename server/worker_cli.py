@@ -18,8 +18,10 @@ from adaptive.errors import InvalidInput
 from adaptive.specs import PolicyContext, build_policy
 from server.batching import DynamicBatcher
 from server.models import load_model
+from server.redis_bus import RedisBus, connect
 from server.runner import TorchRunner
 from server.worker_app import create_app
+from server.worker_link import RedisWorkerLink
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -38,6 +40,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--instances", type=int, default=1, help="model instances (batches in flight)"
     )
     worker.add_argument("--pool", default="default", help="the pool this worker serves")
+    worker.add_argument(
+        "--redis",
+        metavar="URL",
+        help="join the pool on this Redis (redis://[user:password@]host:port/db, rediss://)",
+    )
+    worker.add_argument("--redis-prefix", default="tidal", help="key prefix (default tidal)")
+    worker.add_argument("--name", help="worker name on the bus (default host:port)")
     worker.add_argument(
         "--compile",
         action="store_true",
@@ -83,7 +92,11 @@ def run_worker(args: argparse.Namespace) -> int:
         padding_waste=model.padding_waste,
         group_key=_group_key(model, args.group_by_length),
     )
-    app = create_app(model, batcher)
+    link = None
+    if args.redis:
+        bus = RedisBus(connect(args.redis), prefix=args.redis_prefix)
+        link = RedisWorkerLink(batcher, bus, args.pool, args.name or f"{args.host}:{args.port}")
+    app = create_app(model, batcher, link)
     config = uvicorn.Config(
         app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=30
     )
