@@ -91,6 +91,11 @@ class Controller:
         self._forecast_here: Forecast | None = None
         bus.publish_config(settings.pool, VersionedConfig(self.version, self.config))
 
+    def adopt(self, config: BatchConfig, version: int) -> None:
+        """Take over a pool whose workers run `config` at `version` (a new leader)."""
+        self.config = config
+        self.version = max(self.version, version)
+
     @staticmethod
     def _feed(policy: Policy, settings: ControllerSettings) -> ForecastFeed | None:
         if not isinstance(policy, ForecastingPolicy):

@@ -126,6 +126,11 @@ class RedisBus:
                 last = entry_id
         return stats, last
 
+    async def last_stats_id(self, pool: str) -> str:
+        """The id of the newest stats entry ("0-0" if none): read after it for news only."""
+        newest = await self.client.xrevrange(self.key(pool, "stats"), count=1)
+        return newest[0][0] if newest else "0-0"
+
     async def arrivals_per_second(self, pool: str, since_s: int, until_s: int) -> dict[int, int]:
         """Recorded arrivals per Unix second in [since_s, until_s)."""
         counts = await self.client.hgetall(self.key(pool, "arrivals"))
