@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from dataclasses import replace
 
 import numpy as np
 
@@ -155,15 +156,4 @@ class ForecastFeed:
         self._scored_stand_in = self._stand_in_reason is not None
         if self._stand_in_reason is None:
             return forecast
-        return Forecast(
-            forecast.times_s,
-            forecast.step_s,
-            forecast.mean,
-            forecast.lower,
-            forecast.upper,
-            forecast.level,
-            forecast.model,
-            forecast.fitted_at_s,
-            self._stand_in_reason,
-            forecast.events,
-        )
+        return replace(forecast, fallback=self._stand_in_reason)

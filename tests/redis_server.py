@@ -19,44 +19,23 @@ def free_port() -> int:
 @contextmanager
 def redis_server(*extra: str):
     """Yields the server's URL; `extra` are redis-server options (`--requirepass x`)."""
-    port = free_port()
-    process = subprocess.Popen(
-        [
-            "redis-server",
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            *extra,
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    password = extra[extra.index("--requirepass") + 1] if "--requirepass" in extra else None
-    url = f"redis://:{password}@127.0.0.1:{port}/0" if password else f"redis://127.0.0.1:{port}/0"
+    server = RedisProcess(*extra)
+    server.start()
     try:
-        for _ in range(100):
-            try:
-                if redis.Redis.from_url(url).ping():
-                    break
-            except redis.exceptions.ConnectionError:
-                time.sleep(0.05)
-        yield url
+        yield server.url
     finally:
-        process.terminate()
-        process.wait(10)
+        server.stop()
 
 
 class RedisProcess:
     """A redis-server on a fixed port that a test can stop and start again."""
 
-    def __init__(self) -> None:
+    def __init__(self, *extra: str) -> None:
         self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.extra = extra
+        password = extra[extra.index("--requirepass") + 1] if "--requirepass" in extra else None
+        auth = f":{password}@" if password else ""
+        self.url = f"redis://{auth}127.0.0.1:{self.port}/0"
         self.process: subprocess.Popen | None = None
 
     def start(self) -> None:
@@ -71,6 +50,7 @@ class RedisProcess:
                 "",
                 "--appendonly",
                 "no",
+                *self.extra,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
