@@ -34,6 +34,15 @@ from forecaster.forecast import Forecast
 
 
 @dataclass(frozen=True, slots=True)
+class Override:
+    """A config pinned by an operator until `until_s` (controller clock)."""
+
+    config: BatchConfig
+    until_s: float
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class ControllerSettings:
     """One pool's control loop. `origin_s` is the Unix time of clock zero (for events)."""
 
@@ -89,12 +98,23 @@ class Controller:
         self._inside_since: float | None = None
         self._forecast_in: Forecast | None = None
         self._forecast_here: Forecast | None = None
+        self.override: Override | None = None
         bus.publish_config(settings.pool, VersionedConfig(self.version, self.config))
 
     def adopt(self, config: BatchConfig, version: int) -> None:
         """Take over a pool whose workers run `config` at `version` (a new leader)."""
         self.config = config
         self.version = max(self.version, version)
+
+    def pin(self, override: Override | None) -> None:
+        """An operator's pinned config (None lifts it): applied as it is, past the
+        guardrails, until it expires; the policy keeps deciding, on the record."""
+        self.override = override
+
+    def set_events(self, events: tuple[Event, ...]) -> None:
+        self.settings = replace(self.settings, events=events)
+        if self.feed is not None:
+            self.feed.set_events(events)
 
     @staticmethod
     def _feed(policy: Policy, settings: ControllerSettings) -> ForecastFeed | None:
@@ -105,7 +125,7 @@ class Controller:
             step_s=policy.forecast_step_s,
             horizon_s=policy.horizon_s(settings.warmup_s, settings.tick_s),
             origin_s=settings.origin_s,
-            events=settings.events if policy.uses_events else (),
+            events=settings.events if policy.uses_events else None,
             history_s=policy.history_s,
         )
 
@@ -184,6 +204,13 @@ class Controller:
         chosen, guard_note = self.guard.apply(
             now, self.config, decision.config, decision.protective
         )
+        if self.override is not None and now >= self.override.until_s:
+            self.override = None
+        if self.override is not None:
+            chosen = self.override.config
+            guard_note = f"pinned by the operator for {self.override.until_s - now:.0f} s more"
+            if self.override.reason:
+                guard_note += f": {self.override.reason}"
         previous = self.config
         if chosen != previous:
             self.version += 1

@@ -78,6 +78,25 @@ class DecisionRecord:
     def changed(self) -> bool:
         return self.chosen != self.previous
 
+    @property
+    def kind(self) -> str:
+        """The reason in one bounded word, for metrics labels and filters."""
+        if self.guard is not None and self.guard.startswith("pinned"):
+            return "override"
+        if self.mode is Mode.FALLBACK:
+            return "fallback"
+        if self.chosen != self.proposed:
+            return "guarded"
+        if not self.changed:
+            return "hold"
+        if self.chosen.max_batch_size > self.previous.max_batch_size:
+            return "scale_up"
+        if self.chosen.max_batch_size < self.previous.max_batch_size:
+            return "scale_down"
+        if self.chosen.warm_target > self.previous.warm_target:
+            return "warm_ahead"
+        return "retune"
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "at_s": round(self.at_s, 6),
@@ -88,6 +107,7 @@ class DecisionRecord:
             "proposed": _config(self.proposed),
             "chosen": _config(self.chosen),
             "version": self.version,
+            "kind": self.kind,
             "reason": self.reason,
             "guard": self.guard,
             "predicted_p99_ms": None

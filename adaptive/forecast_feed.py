@@ -20,7 +20,7 @@ from dataclasses import replace
 import numpy as np
 
 from adaptive.errors import InvalidInput
-from forecaster.events import Event, EventAware
+from forecaster.events import Event, EventAware, FittedEventAware
 from forecaster.forecast import Forecast
 from forecaster.known import KnownFuture
 from forecaster.models import FittedForecaster, Forecaster, SeasonalNaive
@@ -37,7 +37,7 @@ class ForecastFeed:
         step_s: float,
         horizon_s: float,
         origin_s: float = 0.0,
-        events: tuple[Event, ...] = (),
+        events: tuple[Event, ...] | None = None,
         level: float = 0.9,
         history_s: float = 6 * 3600.0,
         refit_s: float = 1800.0,
@@ -52,9 +52,11 @@ class ForecastFeed:
         # Parameters fitted on a few minutes are noise; the last value is the safer guess.
         self.min_history_steps = round(min_history_s / step_s)
         self.horizon_steps = math.ceil(horizon_s / step_s) + 1
-        self._model: Forecaster = EventAware(forecaster, events) if events else forecaster
+        # `events=None`: the model is not event-aware at all (the oracle knows the future).
+        self._inner = forecaster
+        self._model: Forecaster = forecaster if events is None else EventAware(forecaster, events)
         self._model_needs_no_history = isinstance(forecaster, KnownFuture)
-        self._stand_in: Forecaster = EventAware(SeasonalNaive(step_s), events)
+        self._stand_in: Forecaster = EventAware(SeasonalNaive(step_s), events or ())
         self._history: deque[float] = deque(maxlen=max(1, round(history_s / step_s)))
         self._fitted: FittedForecaster | None = None
         self._fitted_at = -math.inf
@@ -86,6 +88,34 @@ class ForecastFeed:
             count = 0.0
             self._step_end += self.step_s
         return self.forecast
+
+    def set_events(self, events: tuple[Event, ...]) -> None:
+        """Declared events changed (the operator API): forecast with them from now on.
+
+        The fitted model keeps its state; only the lift it applies changes, and the next
+        refit de-lifts the history with the new events."""
+        if not isinstance(self._model, EventAware):
+            return
+        self._model = EventAware(self._inner, events)
+        self._stand_in = EventAware(SeasonalNaive(self.step_s), events)
+        if isinstance(self._fitted, FittedEventAware):
+            self._fitted.events = events
+            self.forecast = self._predict()
+
+    def prime(self, counts_per_second: np.ndarray, now: float) -> None:
+        """Start from recorded traffic (per-second arrivals up to `now`, a restart's
+        history from the bus) instead of an empty history."""
+        per_step = max(1, round(self.step_s))
+        steps = len(counts_per_second) // per_step
+        if steps == 0:
+            return
+        recent = np.asarray(counts_per_second[len(counts_per_second) - steps * per_step :])
+        self._history.extend(recent.reshape(steps, per_step).sum(axis=1) * self.step_s / per_step)
+        self._step_end = now + self.step_s
+        self._tried_empty = True
+        self._try_fit(now)
+        if self._fitted is not None:
+            self.forecast = self._predict()
 
     def outside_band_s(self, now: float) -> float:
         """How long actual load has run outside the forecast band (0 while inside)."""

@@ -1,7 +1,8 @@
-"""One pool's live control loop: worker stats from Redis, the `Controller`, configs to Redis.
+"""One pool's live control loop: worker stats from the bus, the `Controller`, configs out.
 
 The `Controller` is the simulator's, unchanged: it runs on a wall clock against an
-in-process bus, and this shell moves messages between that bus and Redis each tick.
+in-process bus, and this shell moves messages between that bus and the pool's `PoolBus`
+(Redis, or in-process for one machine) each tick.
 Controllers of one pool elect a leader with a lease (SET NX PX, renewed every tick);
 only the leader publishes. A new leader adopts the config in force from Redis, and every
 version it publishes is above the one stored, so versions never go backwards across a
@@ -14,13 +15,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from redis.exceptions import RedisError
 
 from adaptive.bus import InMemoryBus, VersionedConfig, pool_stats
 from adaptive.controller import Controller
-from server.redis_bus import RedisBus
+from adaptive.decisions import DecisionRecord
+from server.pool_bus import PoolBus
 
 log = logging.getLogger("tidal.controller")
 
@@ -38,14 +41,19 @@ class LoopState:
     last_error: str | None = None
 
 
+TickObserver = Callable[["ControlLoop", DecisionRecord | None], None]
+TRIM_EVERY_TICKS = 600
+
+
 class ControlLoop:
     def __init__(
         self,
         controller: Controller,
         local: InMemoryBus,
-        bus: RedisBus,
+        bus: PoolBus,
         holder: str,
         lease_s: float = 3.0,
+        observer: TickObserver | None = None,
     ) -> None:
         self.controller = controller
         self.local = local
@@ -53,6 +61,7 @@ class ControlLoop:
         self.pool = controller.settings.pool
         self.holder = holder
         self.lease_s = lease_s
+        self.observer = observer
         self.state = LoopState()
         self._cursor = "$"  # only stats that arrive from now on
 
@@ -81,18 +90,24 @@ class ControlLoop:
         alive = await self.bus.workers_alive(self.pool)
         self.state.workers_alive = len(alive)
         if reports:
-            # Each worker reports once per window; merge the latest window per worker.
-            latest = {r.worker: r for r in reports}
-            merged = pool_stats(list(latest.values()), self.controller.clock.now(), len(alive) or 1)
+            # Worker windows are not aligned with ticks: a tick may hold two windows of
+            # one worker, and every arrival counts.
+            merged = pool_stats(reports, self.controller.clock.now(), len(alive) or 1)
             self.local.publish_stats(self.pool, merged)
-        record = self.controller.tick()
-        if self.state.leader and self.controller.version > self.state.published_version:
-            await self._publish()
-            if record is not None:
-                await self.bus.record_decision(self.pool, record.to_dict())
+        controller = self.controller
+        record = controller.tick()
+        if self.state.leader:
+            if controller.version > self.state.published_version:
+                await self._publish()
+            if record is not None and controller.records and controller.records[-1] is record:
+                await self.bus.record_decision(self.pool, {"time": time.time(), **record.to_dict()})
+            if self.state.ticks % TRIM_EVERY_TICKS == 0:
+                await self.bus.trim_history(self.pool, int(time.time()))
         self.state.ready = True
         self.state.ticks += 1
         self.state.last_tick_s = time.monotonic() - started
+        if self.observer is not None:
+            self.observer(self, record)
 
     async def _elect(self) -> None:
         leading = await self.bus.acquire_or_renew_lease(self.pool, self.holder, self.lease_s)

@@ -9,6 +9,7 @@ Keys live under a prefix (`tidal` by default), per pool:
     {prefix}:{pool}:worker:{id}     heartbeat, with a TTL: a worker that stops beating leaves
     {prefix}:{pool}:decisions       stream (capped): the controller's decision records
     {prefix}:{pool}:leader          the controller lease (SET NX PX, renewed)
+    {prefix}:{pool}:settings        hash: operator settings (policy, override, events), JSON
 
 A config is written with its version by a script that refuses anything not newer, so
 versions never go backwards whoever writes; workers apply only newer versions and read
@@ -50,7 +51,7 @@ def connect(url: str) -> redis.Redis:
 
 
 class RedisBus:
-    """The asyncio side of the Redis bus; one per process, shared by its tasks."""
+    """`server.pool_bus.PoolBus` on Redis; one per process, shared by its tasks."""
 
     def __init__(
         self,
@@ -181,6 +182,20 @@ class RedisBus:
 
     async def leader(self, pool: str) -> str | None:
         return await self.client.get(self.key(pool, "leader"))
+
+    # -- operator settings (they outlive any controller process) -------------------------
+
+    async def save_setting(self, pool: str, name: str, value: Any) -> None:
+        """Persist an operator setting (JSON-able); None deletes it."""
+        key = self.key(pool, "settings")
+        if value is None:
+            await self.client.hdel(key, name)
+        else:
+            await self.client.hset(key, name, json.dumps(value))
+
+    async def load_settings(self, pool: str) -> dict[str, Any]:
+        fields = await self.client.hgetall(self.key(pool, "settings"))
+        return {name: json.loads(value) for name, value in fields.items()}
 
 
 def _worker_stats(fields: dict[str, Any]) -> WorkerStats:

@@ -29,7 +29,7 @@ from adaptive.errors import InvalidInput
 from server.batching import DeadlineExceeded, DynamicBatcher, QueueFull, ShuttingDown
 from server.models import ServedModel
 from server.reporter import StatsReporter
-from server.worker_link import RedisWorkerLink
+from server.worker_link import WorkerLink
 from server.worker_metrics import WorkerMetrics
 
 
@@ -49,7 +49,7 @@ def _error(status: int, message: str, field: str | None = None, **headers: str) 
 
 
 def create_app(
-    model: ServedModel, batcher: DynamicBatcher, link: StatsReporter | RedisWorkerLink | None = None
+    model: ServedModel, batcher: DynamicBatcher, link: StatsReporter | WorkerLink | None = None
 ) -> FastAPI:
     """The worker's app; the batcher (and its bus link, if any) start and stop with the
     app's lifespan. The link stops after the drain, so the last window is reported."""

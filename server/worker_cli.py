@@ -21,7 +21,7 @@ from server.models import load_model
 from server.redis_bus import RedisBus, connect
 from server.runner import TorchRunner
 from server.worker_app import create_app
-from server.worker_link import RedisWorkerLink
+from server.worker_link import WorkerLink
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -95,7 +95,7 @@ def run_worker(args: argparse.Namespace) -> int:
     link = None
     if args.redis:
         bus = RedisBus(connect(args.redis), prefix=args.redis_prefix)
-        link = RedisWorkerLink(batcher, bus, args.pool, args.name or f"{args.host}:{args.port}")
+        link = WorkerLink(batcher, bus, args.pool, args.name or f"{args.host}:{args.port}")
     app = create_app(model, batcher, link)
     config = uvicorn.Config(
         app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=30

@@ -1,4 +1,4 @@
-"""A worker's membership of a pool on the Redis bus, fail-static.
+"""A worker's membership of a pool on a `PoolBus` (Redis, or in-process), fail-static.
 
 Every interval it publishes the worker's `WorkerStats` and a heartbeat (a key with a
 TTL: a worker that stops beating leaves the pool). It applies the pool's config when a
@@ -19,7 +19,7 @@ from redis.exceptions import RedisError
 
 from adaptive.bus import WorkerStats
 from server.batching import DynamicBatcher
-from server.redis_bus import RedisBus
+from server.pool_bus import PoolBus
 from server.reporter import StatsCollector, apply_if_newer
 
 log = logging.getLogger("tidal.worker")
@@ -27,11 +27,11 @@ log = logging.getLogger("tidal.worker")
 BACKOFF_S = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 
 
-class RedisWorkerLink:
+class WorkerLink:
     def __init__(
         self,
         batcher: DynamicBatcher,
-        bus: RedisBus,
+        bus: PoolBus,
         pool: str,
         worker: str,
         interval_s: float = 1.0,

@@ -10,13 +10,13 @@ from adaptive.bus import VersionedConfig
 from adaptive.config import BatchConfig
 from server.batching import DynamicBatcher
 from server.redis_bus import RedisBus, connect
-from server.worker_link import RedisWorkerLink
+from server.worker_link import WorkerLink
 
 
 async def worker(bus, name):
     batcher = DynamicBatcher(EchoRunner(base_s=0.001), BatchConfig(4, 0.001), warm_at_start=False)
     await batcher.start()
-    link = RedisWorkerLink(batcher, bus, "pool", name, interval_s=0.05, heartbeat_ttl_s=0.5)
+    link = WorkerLink(batcher, bus, "pool", name, interval_s=0.05, heartbeat_ttl_s=0.5)
     link.start()
     return batcher, link
 
