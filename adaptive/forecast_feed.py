@@ -67,8 +67,10 @@ class ForecastFeed:
         self._tried_empty = False
         self._scored_stand_in = False
         self.forecast: Forecast | None = None
+        self.history_s = history_s
         self.steps_scored = 0
         self.steps_outside = 0
+        self.last_error_rps: float | None = None  # actual - forecast mean, last step scored
 
     def observe(self, now: float, arrivals: int) -> Forecast | None:
         """Count this tick's arrivals; at a step boundary, update and predict."""
@@ -140,6 +142,7 @@ class ForecastFeed:
         if self.forecast is None or self._scored_stand_in:
             return  # a stand-in is not the model on trial
         self.steps_scored += 1
+        self.last_error_rps = (count - float(self.forecast.mean[0])) / self.step_s
         # Counts are Poisson around the rate: allow three standard deviations of that noise.
         lower, upper = float(self.forecast.lower[0]), float(self.forecast.upper[0])
         inside = lower - 3 * math.sqrt(lower) <= count <= upper + 3 * math.sqrt(upper)

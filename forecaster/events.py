@@ -164,10 +164,27 @@ def load_events(path: str | Path) -> tuple[Event, ...]:
         raise InvalidInput(f"{path}: no such events file") from None
     except (OSError, ValueError, yaml.YAMLError) as error:
         raise InvalidInput(f"{path}: not readable as YAML or JSON ({error})") from None
+    return events_from_document(document, str(path))
+
+
+def events_from_document(document: object, where: str) -> tuple[Event, ...]:
+    """Events from a parsed document (a file's, or an API body's); errors name `where`."""
     entries = document.get("events") if isinstance(document, dict) else document
     if not isinstance(entries, list):
-        raise InvalidInput(f"{path}: expected a list of events under 'events'")
-    return tuple(_event(entry, f"{path}: event {i + 1}") for i, entry in enumerate(entries))
+        raise InvalidInput(f"{where}: expected a list of events under 'events'")
+    return tuple(_event(entry, f"{where}: event {i + 1}") for i, entry in enumerate(entries))
+
+
+def event_to_dict(event: Event) -> dict[str, object]:
+    """The document form `events_from_document` reads back (times in Unix seconds)."""
+    document: dict[str, object] = {"name": event.name, "start": event.start_s, "end": event.end_s}
+    if event.multiplier is not None:
+        document["multiplier"] = event.multiplier
+    else:
+        document["rate_rps"] = event.rate_rps
+    document["ramp_up"] = event.ramp_up_s
+    document["ramp_down"] = event.ramp_down_s
+    return document
 
 
 def _event(entry: object, where: str) -> Event:

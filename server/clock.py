@@ -1,4 +1,4 @@
-"""The live shell's clock: monotonic wall time."""
+"""The live shell's clock: monotonic wall time, zero when the clock is made."""
 
 from __future__ import annotations
 
@@ -6,7 +6,14 @@ import time
 
 
 class WallClock:
-    """`time.monotonic()`: immune to wall-clock steps (NTP, DST)."""
+    """Seconds since creation on `time.monotonic()`: immune to wall-clock steps (NTP, DST).
+
+    Starting at zero, like the simulator's clock, keeps the controller's step boundaries
+    and forecast times anchored at its start; `origin_s` is the Unix time of that zero."""
+
+    def __init__(self) -> None:
+        self._zero = time.monotonic()
+        self.origin_s = time.time()
 
     def now(self) -> float:
-        return time.monotonic()
+        return time.monotonic() - self._zero

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from redis.exceptions import RedisError
 
-from adaptive.bus import InMemoryBus, VersionedConfig, pool_stats
+from adaptive.bus import InMemoryBus, VersionedConfig, WorkerStats, pool_stats
 from adaptive.controller import Controller
 from adaptive.decisions import DecisionRecord
 from server.pool_bus import PoolBus
@@ -63,6 +63,7 @@ class ControlLoop:
         self.lease_s = lease_s
         self.observer = observer
         self.state = LoopState()
+        self.latest: dict[str, WorkerStats] = {}  # each worker's last report
         self._cursor = "$"  # only stats that arrive from now on
 
     async def run(self) -> None:
@@ -89,6 +90,9 @@ class ControlLoop:
         reports, self._cursor = await self.bus.read_worker_stats(self.pool, self._cursor)
         alive = await self.bus.workers_alive(self.pool)
         self.state.workers_alive = len(alive)
+        self.latest.update((r.worker, r) for r in reports)
+        for gone in set(self.latest) - set(alive):
+            del self.latest[gone]
         if reports:
             # Worker windows are not aligned with ticks: a tick may hold two windows of
             # one worker, and every arrival counts.

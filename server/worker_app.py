@@ -19,7 +19,6 @@ import contextlib
 from typing import Any
 
 from fastapi import FastAPI, Header, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel, Field, ValidationError
@@ -27,6 +26,7 @@ from pydantic import BaseModel, Field, ValidationError
 from adaptive.config import BatchConfig
 from adaptive.errors import InvalidInput
 from server.batching import DeadlineExceeded, DynamicBatcher, QueueFull, ShuttingDown
+from server.http_errors import error_response, first_invalid, install_error_handlers
 from server.models import ServedModel
 from server.reporter import StatsReporter
 from server.worker_link import WorkerLink
@@ -42,10 +42,6 @@ class ConfigRequest(BaseModel):
     max_batch: int = Field(ge=1, le=65536)
     timeout_ms: float = Field(ge=0, le=60_000)
     warm_max_batch: int = Field(default=0, ge=0, le=65536)
-
-
-def _error(status: int, message: str, field: str | None = None, **headers: str) -> JSONResponse:
-    return JSONResponse({"error": message, "field": field}, status_code=status, headers=headers)
 
 
 def create_app(
@@ -68,11 +64,7 @@ def create_app(
 
     app = FastAPI(title=f"Tidal worker: {model.name}", lifespan=lifespan)
 
-    @app.exception_handler(RequestValidationError)
-    async def invalid_body(request: Request, error: RequestValidationError) -> JSONResponse:
-        first = error.errors()[0]
-        field = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
-        return _error(422, f"{field or 'body'}: {first.get('msg', 'invalid')}", field)
+    install_error_handlers(app)
 
     @app.post(
         "/v1/infer",
@@ -95,13 +87,13 @@ def create_app(
             served = await batcher.submit(item, None if deadline_ms is None else deadline_ms / 1e3)
         except QueueFull as error:
             metrics.outcome("shed")
-            return _error(429, str(error), None, **{"Retry-After": "1"})
+            return error_response(429, str(error), None, **{"Retry-After": "1"})
         except DeadlineExceeded as error:
             metrics.outcome("deadline")
-            return _error(504, f"{error} (deadline {deadline_ms:g} ms)", "deadline_ms")
+            return error_response(504, f"{error} (deadline {deadline_ms:g} ms)", "deadline_ms")
         except ShuttingDown as error:
             metrics.outcome("draining")
-            return _error(503, str(error))
+            return error_response(503, str(error))
         metrics.served(served)
         return {
             "output": served.output,
@@ -126,7 +118,7 @@ def create_app(
         try:
             config = BatchConfig(body.max_batch, body.timeout_ms / 1e3, body.warm_max_batch)
         except InvalidInput as error:
-            return _error(422, str(error), "config")
+            return error_response(422, str(error), "config")
         batcher.reconfigure(config, batcher.version + 1)
         return _stats(batcher)
 
@@ -142,21 +134,19 @@ async def _parse_infer(request: Request, model: ServedModel):
     body = await request.body()
     if request.headers.get("content-type", "").startswith("application/octet-stream"):
         if model.from_bytes is None:
-            return _error(415, f"{model.name} takes JSON bodies only", "content-type")
+            return error_response(415, f"{model.name} takes JSON bodies only", "content-type")
         try:
             return model.from_bytes(body), None
         except InvalidInput as error:
-            return _error(422, f"input: {error}", "input")
+            return error_response(422, f"input: {error}", "input")
     try:
         parsed = InferRequest.model_validate_json(body)
     except ValidationError as error:
-        first = error.errors()[0]
-        field = ".".join(str(p) for p in first.get("loc", ())) or "body"
-        return _error(422, f"{field}: {first.get('msg', 'invalid')}", field)
+        return first_invalid(error)
     try:
         return model.validate(parsed.input), parsed.deadline_ms
     except InvalidInput as error:
-        return _error(422, f"input: {error}", "input")
+        return error_response(422, f"input: {error}", "input")
 
 
 def _stats(batcher: DynamicBatcher) -> dict[str, Any]:

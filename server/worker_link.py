@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import deque
 
 from redis.exceptions import RedisError
@@ -112,6 +113,7 @@ class WorkerLink:
 
     def _info(self) -> dict:
         return {
+            "time": time.time(),
             "config_version": self.batcher.version,
             "warmed_buckets": list(self.batcher.warmed_buckets),
             "queue_depth": self.batcher.queue_depth,

@@ -41,14 +41,14 @@ DEFAULT_POLICIES = (
 DEFAULT_LATENCY_MODEL = "linear:5,0.4"
 
 
-def _duration(text: str) -> float:
+def duration_arg(text: str) -> float:
     try:
         return parse_duration_s(text)
     except InvalidInput as error:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
-def _positive_int(text: str) -> int:
+def positive_int_arg(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
@@ -58,7 +58,7 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _positive_float(text: str) -> float:
+def positive_float_arg(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
@@ -87,11 +87,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="trace format (default: detected from the header)",
     )
     source.add_argument(
-        "--time-scale", type=_positive_float, default=1.0, help="replay K times faster (default 1)"
+        "--time-scale",
+        type=positive_float_arg,
+        default=1.0,
+        help="replay K times faster (default 1)",
     )
     source.add_argument(
         "--rate-scale",
-        type=_positive_float,
+        type=positive_float_arg,
         default=1.0,
         help="multiply the request rate by K (default 1)",
     )
@@ -103,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="policy spec, repeatable, e.g. static:max_batch=32,timeout=10ms "
         f"(default: {' '.join(DEFAULT_POLICIES)})",
     )
-    fleet.add_argument("--workers", type=_positive_int, default=10, help="workers (default 10)")
+    fleet.add_argument("--workers", type=positive_int_arg, default=10, help="workers (default 10)")
     fleet.add_argument(
         "--routing",
         choices=[r.value for r in Routing],
@@ -118,13 +121,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     fleet.add_argument(
         "--max-queue",
-        type=_positive_int,
+        type=positive_int_arg,
         help="waiting requests per queue past which arrivals are shed",
     )
-    fleet.add_argument("--slo", type=_duration, default=0.1, help="p99 latency SLO (default 100ms)")
+    fleet.add_argument(
+        "--slo", type=duration_arg, default=0.1, help="p99 latency SLO (default 100ms)"
+    )
     fleet.add_argument(
         "--warmup",
-        type=_duration,
+        type=duration_arg,
         default=0.0,
         help="warm-up time per batch-size bucket; batches run padded to power-of-two "
         "buckets and raising the cap waits for warm-up (default 0: no warm-up modelled)",
@@ -148,10 +153,10 @@ def build_parser() -> argparse.ArgumentParser:
         "hysteresis (default dwell=60s,max_step=4,hysteresis=0.25)",
     )
     run = parser.add_argument_group("run")
-    run.add_argument("--tick", type=_duration, default=1.0, help="control tick (default 1s)")
+    run.add_argument("--tick", type=duration_arg, default=1.0, help="control tick (default 1s)")
     run.add_argument(
         "--window",
-        type=_duration,
+        type=duration_arg,
         default=10.0,
         help="timeline window, a multiple of the tick (default 10s)",
     )

@@ -101,7 +101,7 @@ def test_controller_and_worker_close_the_loop_in_process():
             await asyncio.sleep(0.05)
             reports = bus.take_worker_stats("pool")
             if reports:
-                bus.publish_stats("pool", pool_stats(reports, WallClock().now(), workers=1))
+                bus.publish_stats("pool", pool_stats(reports, controller.clock.now(), workers=1))
                 controller.tick()
         await asyncio.gather(*load)
         await reporter.stop()

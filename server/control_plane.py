@@ -1,0 +1,284 @@
+"""One pool under live control: its policy, overrides and events, and the loop that runs it.
+
+`PoolControl` builds the pool's `Controller` from a policy spec (the simulator's factories,
+with the optimiser's table compiled from the pool's latency model), runs it in a
+`ControlLoop`, and applies what operators change through the API: a new policy (the
+config in force and its version carry over), a pinned config that expires, declared
+events. Each change is persisted on the bus, so a restarted or standby controller starts
+from it; the forecast is primed from the per-second arrivals the bus keeps, so a restart
+does not forget the day. `rollout_gate` replays the pool's recorded traffic through the
+simulator with the current and a candidate policy, side by side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+from redis.exceptions import RedisError
+
+from adaptive.bus import InMemoryBus
+from adaptive.config import BatchConfig
+from adaptive.controller import Controller, ControllerSettings, Override
+from adaptive.errors import InvalidInput
+from adaptive.guards import Guardrails
+from adaptive.latency import LatencyModel
+from adaptive.policy import Policy
+from adaptive.specs import PolicyContext, build_policy
+from forecaster.events import Event, event_to_dict, events_from_document
+from server.clock import WallClock
+from server.control_loop import ControlLoop, TickObserver
+from server.pool_bus import PoolBus
+from simulations.calibration import performance_table
+from simulations.engine import PoolSettings, Routing
+from simulations.report import policy_summary
+from simulations.run import SimulationSettings, simulate
+from simulations.traces import CountTrace
+
+log = logging.getLogger("tidal.controller")
+
+MIN_GATE_S = 60
+"""The rollout gate needs at least this much recorded traffic to judge a policy."""
+
+
+@dataclass(frozen=True)
+class PoolPlan:
+    """How this controller runs one pool: its command line, before operator changes."""
+
+    pool: str
+    policy: str
+    latency: LatencyModel
+    slo_s: float = 0.1
+    tick_s: float = 1.0
+    workers: int = 1
+    warmup_s: float = 0.0
+    routing: Routing = Routing.ROUND_ROBIN
+    events: tuple[Event, ...] = ()
+    guardrails: Guardrails = field(default_factory=Guardrails)
+    shadow: str | None = None
+    lease_s: float = 3.0
+
+    @property
+    def pool_settings(self) -> PoolSettings:
+        return PoolSettings(self.workers, self.slo_s, self.routing, warmup_s=self.warmup_s)
+
+
+@dataclass(frozen=True, slots=True)
+class PinnedConfig:
+    """An operator override as the API and the bus see it (Unix time)."""
+
+    config: BatchConfig
+    until: float
+    reason: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "max_batch": self.config.max_batch_size,
+            "timeout_ms": round(self.config.timeout_s * 1e3, 3),
+            "warm_max_batch": self.config.warm_target,
+            "until": self.until,
+            "reason": self.reason,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PinnedConfig:
+        config = BatchConfig(int(d["max_batch"]), d["timeout_ms"] / 1e3, d["warm_max_batch"])
+        return cls(config, float(d["until"]), str(d.get("reason", "")))
+
+
+class PoolControl:
+    def __init__(
+        self, plan: PoolPlan, bus: PoolBus, holder: str, observer: TickObserver | None = None
+    ) -> None:
+        self.plan = plan
+        self.pool = plan.pool
+        self.bus = bus
+        self.holder = holder
+        self.observer = observer
+        self.clock = WallClock()
+        self.origin_s = self.clock.origin_s
+        self.policy_spec = plan.policy
+        self.events = plan.events
+        self.pinned: PinnedConfig | None = None
+        self.loop: ControlLoop | None = None
+        self._task: asyncio.Task | None = None
+        self._lock = asyncio.Lock()
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Restore the pool's persisted settings, build the controller, start ticking."""
+        with contextlib.suppress(RedisError, OSError):  # unreachable: the plan's settings
+            await self._restore(await self.bus.load_settings(self.pool))
+        controller = await self._controller(self.policy_spec)
+        self.loop = ControlLoop(
+            controller, controller.bus, self.bus, self.holder, self.plan.lease_s, self.observer
+        )
+        self._task = asyncio.create_task(self.loop.run(), name=f"control-{self.pool}")
+
+    async def stop(self) -> None:
+        if self._task is None:
+            return
+        # redis-py may swallow one cancellation mid-command: cancel until it is done.
+        while not self._task.done():
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait({self._task}, timeout=1.0)
+
+    async def _restore(self, stored: dict[str, Any]) -> None:
+        if "policy" in stored:
+            self.policy_spec = stored["policy"]
+        if "events" in stored:
+            self.events = events_from_document(stored["events"], f"stored events of {self.pool}")
+        if "override" in stored:
+            self.pinned = PinnedConfig.from_dict(stored["override"])
+
+    # -- building --------------------------------------------------------------------
+
+    def policy_context(self) -> PolicyContext:
+        plan = self.plan
+
+        def table(slo_s: float):
+            return performance_table(
+                plan.latency, plan.workers, slo_s, plan.warmup_s > 0, plan.routing
+            )
+
+        return PolicyContext(slo_s=plan.slo_s, workers=plan.workers, table=table)
+
+    async def build_policy(self, spec: str) -> Policy:
+        """The policy a spec names; InvalidInput names the spec and option. Compiling the
+        optimiser's table takes seconds of CPU, so it runs off the event loop."""
+        return await asyncio.to_thread(build_policy, spec, self.policy_context())
+
+    async def _controller(self, spec: str, policy: Policy | None = None) -> Controller:
+        plan = self.plan
+        policy = policy or await self.build_policy(spec)
+        shadow = await self.build_policy(plan.shadow) if plan.shadow else None
+        settings = ControllerSettings(
+            pool=plan.pool,
+            slo_s=plan.slo_s,
+            tick_s=plan.tick_s,
+            workers=plan.workers,
+            warmup_s=plan.warmup_s,
+            origin_s=self.origin_s,
+            events=self.events,
+            guardrails=plan.guardrails,
+        )
+        controller = Controller(policy, InMemoryBus(), self.clock, settings, shadow=shadow)
+        controller.pin(self._override())
+        with contextlib.suppress(RedisError, OSError):
+            await self._prime(controller)
+        return controller
+
+    async def _prime(self, controller: Controller) -> None:
+        """Feed the forecast the pool's recorded arrivals (a restart keeps its history)."""
+        feed = controller.feed
+        if feed is None:
+            return
+        now = time.time()
+        recorded = await self.bus.arrivals_per_second(
+            self.pool, int(now - feed.history_s), int(now)
+        )
+        if not recorded:
+            return
+        first = min(recorded)
+        counts = np.zeros(int(now) - first)
+        for second, n in recorded.items():
+            counts[second - first] = n
+        feed.prime(counts, controller.clock.now())
+        log.info("%s: forecast primed with %d s of recorded traffic", self.pool, counts.size)
+
+    def _override(self) -> Override | None:
+        if self.pinned is None:
+            return None
+        until_s = self.pinned.until - self.origin_s
+        return Override(self.pinned.config, until_s, self.pinned.reason)
+
+    # -- operator changes ------------------------------------------------------------
+
+    @property
+    def controller(self) -> Controller:
+        return self.loop.controller
+
+    async def set_policy(self, spec: str, policy: Policy | None = None) -> None:
+        """Switch policy; the config in force and its version carry over."""
+        async with self._lock:
+            fresh = await self._controller(spec, policy)
+            old = self.controller
+            fresh.adopt(old.config, old.version)
+            self.loop.controller = fresh
+            self.policy_spec = fresh.policy.spec
+            await self.bus.save_setting(self.pool, "policy", self.policy_spec)
+
+    async def pin(self, config: BatchConfig, for_s: float, reason: str) -> PinnedConfig:
+        self.pinned = PinnedConfig(config, time.time() + for_s, reason)
+        self.controller.pin(self._override())
+        await self.bus.save_setting(self.pool, "override", self.pinned.to_dict())
+        return self.pinned
+
+    async def unpin(self) -> bool:
+        held, self.pinned = self.pinned, None
+        self.controller.pin(None)
+        await self.bus.save_setting(self.pool, "override", None)
+        return held is not None
+
+    async def set_events(self, events: tuple[Event, ...]) -> None:
+        self.events = events
+        self.controller.set_events(events)
+        await self.bus.save_setting(self.pool, "events", [event_to_dict(e) for e in events])
+
+    def active_override(self) -> PinnedConfig | None:
+        if self.pinned is not None and self.pinned.until <= time.time():
+            self.pinned = None  # expired: the controller has let go of it too
+        return self.pinned
+
+    # -- the rollout gate ------------------------------------------------------------
+
+    async def rollout_gate(self, candidate: str, hours: float, seed: int = 0) -> dict[str, Any]:
+        """Current vs candidate policy on the pool's last `hours` of recorded traffic."""
+        candidate_policy = await self.build_policy(candidate)
+        now = int(time.time())
+        recorded = await self.bus.arrivals_per_second(self.pool, now - int(hours * 3600), now)
+        if not recorded or now - min(recorded) < MIN_GATE_S:
+            seconds = now - min(recorded) if recorded else 0
+            raise InsufficientHistory(
+                f"pool {self.pool!r} has {seconds} s of recorded traffic; "
+                f"the rollout gate needs at least {MIN_GATE_S} s"
+            )
+        first = min(recorded)
+        counts = np.zeros(now - first)
+        for second, n in recorded.items():
+            counts[second - first] = n
+        trace = CountTrace(
+            f"{self.pool}: recorded traffic", 1.0, counts, datetime.fromtimestamp(first, UTC)
+        )
+        current_policy = await self.build_policy(self.policy_spec)
+        settings = SimulationSettings(
+            pool=self.plan.pool_settings,
+            tick_s=self.plan.tick_s,
+            seed=seed,
+            events=self.events,
+            origin_s=float(first),
+            guardrails=self.plan.guardrails,
+        )
+        report = await asyncio.to_thread(
+            simulate, trace, [current_policy, candidate_policy], settings, self.plan.latency
+        )
+        current, proposed = (policy_summary(r) for r in report.results)
+        return {
+            "traffic": {"from": first, "seconds": int(counts.size), "requests": report.requests},
+            "current": current,
+            "candidate": proposed,
+            "no_worse_on_slo": proposed["slo_attainment"] >= current["slo_attainment"],
+            "candidate_policy": candidate_policy,
+        }
+
+
+class InsufficientHistory(InvalidInput):
+    """Not enough recorded traffic for the rollout gate to judge."""

@@ -1,0 +1,385 @@
+"""The operator API of the control plane (FastAPI; OpenAPI at /docs).
+
+Reads show each pool's config in force, mode, leader, workers, forecast and the decision
+log with its reasons. Writes steer it: a new policy, a pinned config that expires,
+declared events, a rollout gate that simulates a candidate policy on the pool's recorded
+traffic before promoting it. Writes need the bearer token (compared in constant time);
+with no token configured they are refused, never open. Errors are JSON
+`{"error": "...", "field": "..."}`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import math
+import time
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+from fastapi import Depends, FastAPI, Query, Request
+from fastapi.responses import Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from pydantic import BaseModel, Field
+from redis.exceptions import RedisError
+
+from adaptive.config import BatchConfig
+from adaptive.decisions import Mode
+from adaptive.errors import InvalidInput
+from adaptive.units import parse_duration_s
+from forecaster.events import event_to_dict, events_from_document
+from forecaster.series import epoch_seconds
+from server.control_plane import InsufficientHistory, PoolControl
+from server.controller_metrics import ControllerMetrics
+from server.http_errors import ApiError, install_error_handlers
+
+
+class PolicyRequest(BaseModel):
+    policy: str = Field(description="a policy spec, e.g. predictive:forecaster=holt-winters")
+
+
+class OverrideRequest(BaseModel):
+    max_batch: int = Field(ge=1, le=65536)
+    timeout_ms: float = Field(ge=0, le=60_000)
+    warm_max_batch: int = Field(default=0, ge=0, le=65536)
+    duration: str | float = Field(description='how long the pin holds: "15m", "2h" or seconds')
+    reason: str = Field(default="", max_length=500)
+
+
+class EventsRequest(BaseModel):
+    events: list[dict[str, Any]] = Field(
+        description="events as in an events file: name, start, end, multiplier | rate_rps, "
+        "ramp_up, ramp_down (times ISO-8601 or Unix seconds)"
+    )
+
+
+class SimulateRequest(BaseModel):
+    candidate: str = Field(description="the candidate policy spec")
+    hours: float = Field(default=1.0, gt=0, le=24 * 8, description="recorded traffic to replay")
+    promote: bool = Field(default=False, description="switch to the candidate if no worse")
+    seed: int = 0
+
+
+class TokenCheck:
+    """Bearer-token auth: 401 without a token, 403 with a wrong one (or none configured)."""
+
+    def __init__(self, token: str | None) -> None:
+        self.token = token.encode() if token else None
+        self.bearer = HTTPBearer(auto_error=False)
+
+    async def __call__(self, request: Request) -> None:
+        credentials: HTTPAuthorizationCredentials | None = await self.bearer(request)
+        if self.token is None:
+            raise ApiError(
+                403,
+                "this endpoint needs an API token and none is configured "
+                "(set TIDAL_API_TOKEN or --token-file)",
+            )
+        if credentials is None:
+            raise ApiError(
+                401, "missing bearer token", "authorization", **{"WWW-Authenticate": "Bearer"}
+            )
+        if not hmac.compare_digest(credentials.credentials.encode(), self.token):
+            raise ApiError(403, "wrong bearer token", "authorization")
+
+
+def create_app(
+    pools: dict[str, PoolControl],
+    registry: CollectorRegistry,
+    metrics: ControllerMetrics,
+    token: str | None = None,
+    protect_reads: bool = False,
+    lifespan=None,
+) -> FastAPI:
+    app = FastAPI(
+        title="Tidal control plane",
+        description="Forecast-driven batching: inspect and steer each pool's decisions.",
+        lifespan=lifespan,
+    )
+    install_error_handlers(app)
+    write = [Depends(TokenCheck(token))]
+    read = write if protect_reads else []
+    metrics.watch(lambda: pools.values())
+
+    def pool_of(pool: str) -> PoolControl:
+        control = pools.get(pool)
+        if control is None or control.loop is None:
+            raise ApiError(404, f"unknown pool {pool!r} (known: {', '.join(pools)})", "pool")
+        return control
+
+    @app.get("/healthz", tags=["health"])
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["health"])
+    async def readyz() -> dict[str, Any]:
+        waiting = [p for p, c in pools.items() if c.loop is None or not c.loop.state.ready]
+        if waiting:
+            raise ApiError(503, f"not ready: {', '.join(waiting)} (bus unreachable or starting)")
+        return {"status": "ready", "pools": list(pools)}
+
+    @app.get("/v1/pools", tags=["pools"], dependencies=read)
+    async def list_pools() -> dict[str, Any]:
+        return {"pools": [await _summary(c) for c in pools.values() if c.loop is not None]}
+
+    @app.get("/v1/pools/{pool}", tags=["pools"], dependencies=read)
+    async def get_pool(pool: str) -> dict[str, Any]:
+        return await _summary(pool_of(pool))
+
+    @app.get("/v1/pools/{pool}/decisions", tags=["pools"], dependencies=read)
+    async def decisions(
+        pool: str,
+        since: str | None = Query(None, description="Unix seconds or ISO-8601"),
+        limit: int = Query(100, ge=1, le=10_000),
+    ) -> dict[str, Any]:
+        control = pool_of(pool)
+        since_s = _moment(since, "since") if since is not None else None
+        records = await _bus_call(control.bus.decisions(pool, count=10_000 if since else limit))
+        if since_s is not None:
+            records = [r for r in records if r.get("time", 0) >= since_s][:limit]
+        return {"pool": pool, "decisions": records}
+
+    @app.get("/v1/pools/{pool}/forecast", tags=["pools"], dependencies=read)
+    async def forecast(pool: str) -> dict[str, Any]:
+        return _forecast(pool_of(pool))
+
+    @app.get("/v1/pools/{pool}/workers", tags=["pools"], dependencies=read)
+    async def workers(pool: str) -> dict[str, Any]:
+        control = pool_of(pool)
+        alive = await _bus_call(control.bus.workers_alive(pool))
+        latest = control.loop.latest
+        now = time.time()
+        return {
+            "pool": pool,
+            "workers": [
+                {
+                    "name": name,
+                    "heartbeat_age_s": round(now - info.get("time", now), 3),
+                    **{k: v for k, v in info.items() if k != "time"},
+                    "last_stats": _stats(latest.get(name)),
+                }
+                for name, info in sorted(alive.items())
+            ],
+        }
+
+    @app.put("/v1/pools/{pool}/policy", tags=["steer"], dependencies=write)
+    async def put_policy(pool: str, body: PolicyRequest) -> dict[str, Any]:
+        control = pool_of(pool)
+        await _bus_call(control.set_policy(_checked(body.policy, "policy")))
+        return await _summary(control)
+
+    @app.put("/v1/pools/{pool}/override", tags=["steer"], dependencies=write)
+    async def put_override(pool: str, body: OverrideRequest) -> dict[str, Any]:
+        control = pool_of(pool)
+        try:
+            config = BatchConfig(body.max_batch, body.timeout_ms / 1e3, body.warm_max_batch)
+        except InvalidInput as error:
+            raise ApiError(422, str(error), "max_batch") from None
+        for_s = _duration(body.duration, "duration")
+        pinned = await _bus_call(control.pin(config, for_s, body.reason))
+        return {"pool": pool, "override": pinned.to_dict()}
+
+    @app.delete("/v1/pools/{pool}/override", tags=["steer"], dependencies=write)
+    async def delete_override(pool: str) -> dict[str, Any]:
+        lifted = await _bus_call(pool_of(pool).unpin())
+        return {"pool": pool, "lifted": lifted}
+
+    @app.get("/v1/pools/{pool}/events", tags=["steer"], dependencies=read)
+    async def get_events(pool: str) -> dict[str, Any]:
+        return {"pool": pool, "events": [event_to_dict(e) for e in pool_of(pool).events]}
+
+    @app.post("/v1/pools/{pool}/events", tags=["steer"], dependencies=write)
+    async def post_events(pool: str, body: EventsRequest) -> dict[str, Any]:
+        control = pool_of(pool)
+        try:
+            added = events_from_document(body.events, "events")
+        except InvalidInput as error:
+            raise ApiError(422, str(error), "events") from None
+        kept = tuple(e for e in control.events if e.name not in {a.name for a in added})
+        await _bus_call(control.set_events(kept + added))
+        return {"pool": pool, "events": [event_to_dict(e) for e in control.events]}
+
+    @app.delete("/v1/pools/{pool}/events", tags=["steer"], dependencies=write)
+    async def delete_events(
+        pool: str, name: str | None = Query(None, description="only this event (default all)")
+    ) -> dict[str, Any]:
+        control = pool_of(pool)
+        kept = () if name is None else tuple(e for e in control.events if e.name != name)
+        if name is not None and len(kept) == len(control.events):
+            raise ApiError(404, f"no event named {name!r} in pool {pool!r}", "name")
+        await _bus_call(control.set_events(kept))
+        return {"pool": pool, "events": [event_to_dict(e) for e in kept]}
+
+    @app.post("/v1/pools/{pool}/simulate", tags=["steer"], dependencies=write)
+    async def rollout_gate(pool: str, body: SimulateRequest) -> dict[str, Any]:
+        control = pool_of(pool)
+        _checked(body.candidate, "candidate")
+        try:
+            result = await _bus_call(control.rollout_gate(body.candidate, body.hours, body.seed))
+        except InsufficientHistory as error:
+            raise ApiError(409, str(error), "hours") from None
+        except InvalidInput as error:
+            raise ApiError(422, str(error), "candidate") from None
+        candidate = result.pop("candidate_policy")
+        result["promoted"] = False
+        if body.promote and result["no_worse_on_slo"]:
+            await _bus_call(control.set_policy(body.candidate, candidate))
+            result["promoted"] = True
+        return {"pool": pool, "current_policy": control.policy_spec, **result}
+
+    @app.get("/metrics", tags=["health"], dependencies=read)
+    async def prometheus() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+def _checked(spec: str, field: str) -> str:
+    """A spec's syntax and options, checked before any heavy build."""
+    from adaptive.specs import POLICY_FACTORIES, parse_policy_spec
+
+    try:
+        parsed = parse_policy_spec(spec)
+    except InvalidInput as error:
+        raise ApiError(422, str(error), field) from None
+    if parsed.name not in POLICY_FACTORIES:
+        known = ", ".join(sorted(POLICY_FACTORIES))
+        raise ApiError(422, f"unknown policy {parsed.name!r} (known: {known})", field)
+    if parsed.name == "oracle":
+        raise ApiError(422, "oracle sees the recorded future: simulation only", field)
+    return spec
+
+
+async def _bus_call(awaitable):
+    """Await a bus-backed operation: an unreachable bus is a 503, a bad spec a 422."""
+    try:
+        return await awaitable
+    except (RedisError, OSError) as error:
+        raise ApiError(503, f"bus unreachable: {error}") from None
+    except InsufficientHistory:
+        raise
+    except InvalidInput as error:
+        raise ApiError(422, str(error), "policy") from None
+
+
+def _duration(value: str | float, field: str) -> float:
+    try:
+        seconds = parse_duration_s(value, field=field)
+    except InvalidInput as error:
+        raise ApiError(422, str(error), field) from None
+    if seconds <= 0:
+        raise ApiError(422, f"{field} must be > 0", field)
+    return seconds
+
+
+def _moment(text: str, field: str) -> float:
+    with contextlib.suppress(ValueError):
+        return float(text)
+    try:
+        return epoch_seconds(datetime.fromisoformat(text))
+    except ValueError:
+        raise ApiError(422, f"{field}: not Unix seconds or ISO-8601: {text!r}", field) from None
+
+
+def _config(config: BatchConfig) -> dict[str, Any]:
+    return {
+        "max_batch": config.max_batch_size,
+        "timeout_ms": round(config.timeout_s * 1e3, 3),
+        "warm_max_batch": config.warm_target,
+    }
+
+
+async def _summary(control: PoolControl) -> dict[str, Any]:
+    controller, state = control.controller, control.loop.state
+    leader = None
+    with contextlib.suppress(RedisError, OSError):
+        leader = await control.bus.leader(control.pool)
+    pinned = control.active_override()
+    return {
+        "pool": control.pool,
+        "config": _config(controller.config),
+        "version": controller.version,
+        "policy": control.policy_spec,
+        "shadow": controller.shadow.spec if controller.shadow is not None else None,
+        "slo_ms": round(controller.settings.slo_s * 1e3, 3),
+        "mode": "override" if pinned else controller.mode.value,
+        "mode_reason": controller.mode_reason if controller.mode is Mode.FALLBACK else None,
+        "override": pinned.to_dict() if pinned else None,
+        "events": [e.name for e in control.events],
+        "leader": leader,
+        "this_controller": {"name": control.holder, "leading": state.leader},
+        "ready": state.ready,
+        "workers_alive": state.workers_alive,
+        "ticks": state.ticks,
+        "last_tick_ms": round(state.last_tick_s * 1e3, 3),
+        "last_error": state.last_error,
+        "config_changes": controller.config_changes,
+        "fallback_s": controller.fallback_s,
+        "last_decision": controller.last.to_dict() if controller.last else None,
+    }
+
+
+def _forecast(control: PoolControl) -> dict[str, Any]:
+    feed = control.controller.feed
+    if feed is None:
+        return {"pool": control.pool, "forecast": None, "note": "this policy does not forecast"}
+    actual = feed.history
+    recent = actual.counts[-60:]
+    start = actual.start_s + actual.step_s * (actual.counts.size - recent.size)
+    f = feed.forecast
+    return {
+        "pool": control.pool,
+        "step_s": feed.step_s,
+        "forecast": None
+        if f is None
+        else {
+            "model": f.model,
+            "fallback": f.fallback,
+            "level": f.level,
+            "events": list(f.events),
+            "points": [
+                {
+                    "time": round(float(t), 3),
+                    "mean_rps": _round(m),
+                    "lower_rps": _round(lo),
+                    "upper_rps": _round(hi),
+                }
+                for t, m, lo, hi in zip(
+                    _iter(f.times_s), f.mean_rps, f.lower_rps, f.upper_rps, strict=True
+                )
+            ],
+        },
+        "actual": [
+            {"time": round(start + i * actual.step_s, 3), "rps": _round(c / actual.step_s)}
+            for i, c in enumerate(recent)
+        ],
+        "steps_scored": feed.steps_scored,
+        "steps_outside_band": feed.steps_outside,
+    }
+
+
+def _iter(values) -> Iterable[float]:
+    return (float(v) for v in values)
+
+
+def _round(value: float) -> float | None:
+    return round(float(value), 3) if math.isfinite(value) else None
+
+
+def _stats(stats) -> dict[str, Any] | None:
+    if stats is None:
+        return None
+    return {
+        "window_s": stats.window_s,
+        "arrivals": stats.arrivals,
+        "completed": stats.completed,
+        "shed": stats.shed,
+        "queue_depth": stats.queue_depth,
+        "busy_s": round(stats.busy_s, 6),
+        "batch_sizes": dict(stats.batch_sizes),
+        "max_batch_size": stats.max_batch_size,
+        "warmed_buckets": list(stats.warmed_buckets),
+        "config_version": stats.config_version,
+    }

@@ -1,0 +1,227 @@
+"""`tidal controller`: run the control plane for a pool beside its workers.
+
+    tidal controller --redis redis://10.0.0.5:6379/0 --pool resnet --policy predictive \\
+        --workers 8 --latency-model profile.json --events sales.yaml --port 8000
+
+With `--redis none` the bus lives in this process: for one machine, with the workers
+hosted here too (`--local-workers 2 --model demo-cnn`). The operator API (OpenAPI at
+/docs) and /metrics serve on `--host:--port`; SIGTERM or Ctrl-C stop it cleanly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+from pathlib import Path
+
+import uvicorn
+from prometheus_client import CollectorRegistry
+
+from adaptive.errors import InvalidInput
+from adaptive.latency import parse_latency_model
+from forecaster.events import load_events
+from server.batching import DynamicBatcher
+from server.control_plane import PoolControl, PoolPlan
+from server.controller_app import create_app
+from server.controller_metrics import ControllerMetrics
+from server.models import load_model
+from server.pool_bus import LocalPoolBus, PoolBus
+from server.redis_bus import RedisBus, connect
+from server.runner import TorchRunner
+from server.worker_app import create_app as create_worker_app
+from server.worker_link import WorkerLink
+from simulations.cli import (
+    DEFAULT_LATENCY_MODEL,
+    duration_arg,
+    parse_guardrails,
+    positive_int_arg,
+)
+from simulations.engine import Routing
+
+TOKEN_ENV = "TIDAL_API_TOKEN"
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "controller", help="run the control plane: forecast, decide, push configs, serve the API"
+    )
+    bus = parser.add_argument_group("bus")
+    bus.add_argument(
+        "--redis",
+        default="none",
+        metavar="URL|none",
+        help="redis://[user:password@]host:port/db or rediss://; none: in-process (default)",
+    )
+    bus.add_argument("--redis-prefix", default="tidal", help="key prefix (default tidal)")
+    bus.add_argument("--name", help="this controller's name in leader election (default host:pid)")
+    bus.add_argument("--lease", type=duration_arg, default=3.0, help="leader lease (default 3s)")
+    pool = parser.add_argument_group("pool")
+    pool.add_argument("--pool", default="default", help="the pool to control (default default)")
+    pool.add_argument(
+        "--policy", default="predictive", help="policy spec (default predictive; see docs)"
+    )
+    pool.add_argument("--shadow", help="a policy that decides beside, recorded, never applied")
+    pool.add_argument("--slo", type=duration_arg, default=0.1, help="p99 SLO (default 100ms)")
+    pool.add_argument("--tick", type=duration_arg, default=1.0, help="control tick (default 1s)")
+    pool.add_argument(
+        "--workers", type=positive_int_arg, default=1, help="workers the pool plans for"
+    )
+    pool.add_argument(
+        "--warmup", type=duration_arg, default=0.0, help="warm-up time per batch-size bucket"
+    )
+    pool.add_argument(
+        "--latency-model",
+        default=DEFAULT_LATENCY_MODEL,
+        help=f"linear:BASE_MS,PER_ITEM_MS or a profile JSON (default {DEFAULT_LATENCY_MODEL})",
+    )
+    pool.add_argument(
+        "--routing",
+        choices=[r.value for r in Routing],
+        default=Routing.ROUND_ROBIN.value,
+        help="how the load balancer spreads requests (default round-robin)",
+    )
+    pool.add_argument("--events", type=Path, help="declared traffic events (YAML or JSON)")
+    pool.add_argument("--guard", default="", help="guardrails, e.g. min_batch=4,dwell=60s")
+    api = parser.add_argument_group("API")
+    api.add_argument("--host", default="127.0.0.1")
+    api.add_argument("--port", type=int, default=8000)
+    api.add_argument("--token-file", type=Path, help=f"bearer token for writes (else ${TOKEN_ENV})")
+    api.add_argument("--protect-reads", action="store_true", help="reads need the token too")
+    local = parser.add_argument_group("workers in this process (one machine)")
+    local.add_argument("--local-workers", type=int, default=0, help="host N workers here")
+    local.add_argument("--model", default="demo-cnn", help="their model (default demo-cnn)")
+    local.add_argument(
+        "--worker-port", type=int, default=8001, help="first worker's port (then +1, ...)"
+    )
+    local.add_argument(
+        "--worker-config", default="max_batch=8,timeout=5ms", help="their starting config"
+    )
+    parser.set_defaults(handler=run_controller)
+
+
+def api_token(token_file: Path | None) -> str | None:
+    if token_file is None:
+        return os.environ.get(TOKEN_ENV) or None
+    try:
+        token = token_file.read_text().strip()
+    except OSError as error:
+        raise InvalidInput(f"--token-file {token_file}: {error.strerror}") from None
+    if not token:
+        raise InvalidInput(f"--token-file {token_file}: the file is empty")
+    return token
+
+
+def make_bus(url: str, prefix: str) -> PoolBus:
+    if url == "none":
+        return LocalPoolBus()
+    try:
+        return RedisBus(connect(url), prefix=prefix)
+    except ValueError as error:
+        raise InvalidInput(f"--redis: {error}") from None
+
+
+def plan_from(args: argparse.Namespace) -> PoolPlan:
+    return PoolPlan(
+        pool=args.pool,
+        policy=args.policy,
+        latency=parse_latency_model(args.latency_model),
+        slo_s=args.slo,
+        tick_s=args.tick,
+        workers=args.workers,
+        warmup_s=args.warmup,
+        routing=Routing(args.routing),
+        events=load_events(args.events) if args.events else (),
+        guardrails=parse_guardrails(args.guard),
+        shadow=args.shadow,
+        lease_s=args.lease,
+    )
+
+
+def run_controller(args: argparse.Namespace) -> int:
+    plan = plan_from(args)
+    token = api_token(args.token_file)
+    if args.local_workers < 0:
+        raise InvalidInput(f"--local-workers must be >= 0, got {args.local_workers}")
+    ports = [args.port, *(args.worker_port + i for i in range(args.local_workers))]
+    for port in ports:
+        _check_free(args.host, port)
+    bus = make_bus(args.redis, args.redis_prefix)
+    holder = args.name or f"{socket.gethostname()}:{os.getpid()}"
+    registry = CollectorRegistry()
+    metrics = ControllerMetrics(registry)
+    pools = {plan.pool: PoolControl(plan, bus, holder, metrics.observe)}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        # Building a planning policy compiles its table (seconds): the API answers
+        # meanwhile, /readyz says not ready until the pool ticks.
+        starting = [asyncio.create_task(c.start()) for c in pools.values()]
+        yield
+        for task in starting:
+            task.cancel()
+        for control in pools.values():
+            await control.stop()
+
+    app = create_app(pools, registry, metrics, token, args.protect_reads, lifespan)
+    servers = [_server(app, args.host, args.port)]
+    servers += [
+        _server(_local_worker(args, bus, i), args.host, args.worker_port + i)
+        for i in range(args.local_workers)
+    ]
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    if token is None:
+        logging.getLogger("tidal.controller").warning(
+            "no API token (%s or --token-file): write endpoints are refused", TOKEN_ENV
+        )
+    asyncio.run(_serve_all(servers))
+    return 0
+
+
+def _local_worker(args: argparse.Namespace, bus: PoolBus, index: int):
+    from server.worker_cli import parse_config
+
+    model = load_model(args.model)
+    batcher = DynamicBatcher(TorchRunner(model, "cpu"), parse_config(args.worker_config))
+    link = WorkerLink(batcher, bus, args.pool, f"local-{index}")
+    return create_worker_app(model, batcher, link)
+
+
+def _check_free(host: str, port: int) -> None:
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as error:
+            raise InvalidInput(f"port {port} on {host}: {error.strerror}") from None
+
+
+class _SharedLoopServer(uvicorn.Server):
+    """Several servers share one event loop: signals are handled once, for all of them."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        yield
+
+
+def _server(app, host: str, port: int) -> uvicorn.Server:
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=30
+    )
+    return _SharedLoopServer(config)
+
+
+async def _serve_all(servers: list[uvicorn.Server]) -> None:
+    loop = asyncio.get_running_loop()
+
+    def stop() -> None:
+        for server in servers:
+            server.should_exit = True
+
+    for number in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(number, stop)
+    await asyncio.gather(*(server.serve() for server in servers))

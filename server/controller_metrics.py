@@ -1,0 +1,114 @@
+"""The control plane's Prometheus metrics, one label set per pool.
+
+Decisions and tick durations are counted as ticks happen; the rest (config in force,
+forecast, mode, leadership, workers alive) is read from each pool's control at scrape
+time, so a scrape always sees the current state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from adaptive.decisions import DecisionRecord, Mode
+from server.control_loop import ControlLoop
+from server.control_plane import PoolControl
+
+TICK_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
+
+
+class ControllerMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.decisions = Counter(
+            "tidal_controller_decisions",
+            "Control decisions by pool, policy and kind of reason "
+            "(hold, scale_up, scale_down, warm_ahead, retune, guarded, fallback, override).",
+            ["pool", "policy", "reason"],
+            registry=registry,
+        )
+        self.tick = Histogram(
+            "tidal_controller_tick_duration_seconds",
+            "Wall time of one control tick: read stats, decide, publish.",
+            ["pool"],
+            buckets=TICK_BUCKETS_S,
+            registry=registry,
+        )
+
+    def observe(self, loop: ControlLoop, record: DecisionRecord | None) -> None:
+        """The loop's tick observer."""
+        self.tick.labels(loop.pool).observe(loop.state.last_tick_s)
+        if record is not None:
+            self.decisions.labels(loop.pool, record.policy, record.kind).inc()
+
+    def watch(self, pools: Callable[[], Iterable[PoolControl]]) -> None:
+        self.registry.register(_PoolCollector(pools))
+
+
+class _PoolCollector:
+    def __init__(self, pools: Callable[[], Iterable[PoolControl]]) -> None:
+        self.pools = pools
+
+    def collect(self):
+        gauges = {
+            name: GaugeMetricFamily(f"tidal_controller_{name}", help_text, labels=["pool"])
+            for name, help_text in (
+                ("config_max_batch_size", "Batch cap of the config in force."),
+                ("config_timeout_seconds", "Batch timeout of the config in force."),
+                ("config_warm_max_batch_size", "Largest batch kept warm by the config."),
+                ("config_version", "Version of the config in force."),
+                ("fallback_active", "1 while the fallback policy decides."),
+                ("override_active", "1 while an operator override pins the config."),
+                ("leader", "1 while this controller leads the pool."),
+                ("ready", "1 while the bus is reachable and ticks run."),
+                ("workers_alive", "Workers heartbeating in the pool."),
+                ("forecast_error_requests_per_second", "Actual minus forecast mean, last step."),
+            )
+        }
+        forecast = GaugeMetricFamily(
+            "tidal_controller_forecast_requests_per_second",
+            "The forecast for the current step: mean and band bounds.",
+            labels=["pool", "bound"],
+        )
+        scored = CounterMetricFamily(
+            "tidal_controller_forecast_steps",
+            "Forecast steps scored against actual load, and those outside the band.",
+            labels=["pool", "outcome"],
+        )
+        for control in self.pools():
+            if control.loop is None:
+                continue
+            pool, controller, state = control.pool, control.controller, control.loop.state
+            config = controller.config
+            values = {
+                "config_max_batch_size": config.max_batch_size,
+                "config_timeout_seconds": config.timeout_s,
+                "config_warm_max_batch_size": config.warm_target,
+                "config_version": controller.version,
+                "fallback_active": float(controller.mode is Mode.FALLBACK),
+                "override_active": float(control.active_override() is not None),
+                "leader": float(state.leader),
+                "ready": float(state.ready),
+                "workers_alive": state.workers_alive,
+            }
+            feed = controller.feed
+            if feed is not None and feed.last_error_rps is not None:
+                values["forecast_error_requests_per_second"] = feed.last_error_rps
+            for name, value in values.items():
+                gauges[name].add_metric([pool], float(value))
+            if feed is not None and feed.forecast is not None:
+                f = feed.forecast
+                for bound, series in (
+                    ("mean", f.mean_rps),
+                    ("lower", f.lower_rps),
+                    ("upper", f.upper_rps),
+                ):
+                    forecast.add_metric([pool, bound], float(series[0]))
+            if feed is not None:
+                scored.add_metric([pool, "inside"], feed.steps_scored - feed.steps_outside)
+                scored.add_metric([pool, "outside"], feed.steps_outside)
+        yield from gauges.values()
+        yield forecast
+        yield scored
