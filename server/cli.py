@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 
 from forecaster import cli as forecast_cli
-from server import controller_cli, loadgen, profile_cli, worker_cli
+from server import controller_cli, demo, loadgen, profile_cli, worker_cli
 from simulations import trace_cli
 from simulations.cli import run_reporting_errors
 
@@ -27,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     profile_cli.add_parser(subparsers)
     loadgen.add_parser(subparsers)
     controller_cli.add_parser(subparsers)
+    demo.add_parser(subparsers)
     return parser
 
 

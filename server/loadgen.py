@@ -17,6 +17,7 @@ import asyncio
 import csv
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import astuple, dataclass, fields
 from pathlib import Path
 
@@ -46,7 +47,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     loadgen = subparsers.add_parser("loadgen", help="replay a trace against a worker (open loop)")
     loadgen.add_argument("--trace", required=True, type=Path)
     loadgen.add_argument(
-        "--target", required=True, help="worker base URL, e.g. http://127.0.0.1:8001"
+        "--target",
+        required=True,
+        help="worker base URL, e.g. http://127.0.0.1:8001; several, comma-separated, "
+        "take requests in turn (a round-robin balancer)",
     )
     loadgen.add_argument("--model", default="demo-cnn", help="whose example inputs to send")
     loadgen.add_argument("--time-scale", type=float, default=1.0, help="replay K times faster")
@@ -54,6 +58,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     loadgen.add_argument("--duration", help="stop after this much replay time, e.g. 60s")
     loadgen.add_argument("--max-in-flight", type=int, default=1000)
     loadgen.add_argument("--seed", type=int, default=0)
+    loadgen.add_argument(
+        "--start-at", type=float, help="Unix time to start the replay at (aligns with events)"
+    )
     loadgen.add_argument(
         "--encoding",
         choices=["binary", "json"],
@@ -80,15 +87,18 @@ def arrival_times(
 
 
 async def replay(
-    target: str,
+    target: str | Sequence[str],
     times: np.ndarray,
     payloads: list[bytes],
     max_in_flight: int,
     content_type: str = "application/json",
 ) -> list[RequestResult]:
-    """Send one request per arrival time (seconds from now); returns one result each."""
+    """Send one request per arrival time (seconds from now), to the targets in turn;
+    returns one result each."""
+    targets = [target] if isinstance(target, str) else list(target)
     limits = httpx.Limits(max_connections=max_in_flight, max_keepalive_connections=max_in_flight)
-    async with httpx.AsyncClient(base_url=target, timeout=60.0, limits=limits) as client:
+    async with httpx.AsyncClient(timeout=60.0, limits=limits) as client:
+        urls = [f"{t.rstrip('/')}/v1/infer" for t in targets]
         results: list[RequestResult | None] = [None] * times.size
         in_flight = 0
         tasks = []
@@ -99,7 +109,7 @@ async def replay(
             sent = time.monotonic() - start
             try:
                 response = await client.post(
-                    "/v1/infer",
+                    urls[i % len(urls)],
                     content=payloads[i % len(payloads)],
                     headers={"content-type": content_type},
                 )
@@ -181,7 +191,10 @@ def run_loadgen(args: argparse.Namespace) -> int:
         raise InvalidInput(f"{args.trace}: no arrivals to replay in the chosen span")
     model = load_model(args.model)
     payloads, content_type = encode_payloads(model, args.encoding)
-    results = asyncio.run(replay(args.target, times, payloads, args.max_in_flight, content_type))
+    targets = [t.strip() for t in args.target.split(",") if t.strip()]
+    if args.start_at is not None:
+        time.sleep(max(0.0, args.start_at - time.time()))
+    results = asyncio.run(replay(targets, times, payloads, args.max_in_flight, content_type))
     span_s = float(times[-1]) if times.size > 1 else 1.0
     summary = {"target": args.target, "trace": str(args.trace), **summarise(results, span_s)}
     if args.out is not None:

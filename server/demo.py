@@ -1,0 +1,196 @@
+"""`tidal demo`: a newcomer's first live run, on one machine, no Redis.
+
+It profiles the demo model (the planner's latency model), starts `tidal controller
+--redis none` hosting two workers, replays a promotion day time-compressed against them
+with `tidal loadgen` (declared flash sales shifted onto the replay's clock), prints where
+to look while it runs, and ends with what the controller did and why.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import httpx
+
+from adaptive.errors import InvalidInput
+from forecaster.events import event_to_dict, load_events
+from forecaster.series import epoch_seconds
+from simulations.cli import duration_arg, positive_float_arg
+from simulations.traces import load_trace
+
+DEFAULT_TRACE = Path("examples/promo_day.csv")
+POOL = "demo"
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    demo = subparsers.add_parser(
+        "demo", help="controller + 2 workers + load generator on a compressed promo day"
+    )
+    demo.add_argument("--trace", type=Path, default=DEFAULT_TRACE, help="trace to replay")
+    demo.add_argument(
+        "--events", type=Path, help="declared events (default: the trace's .events.yaml)"
+    )
+    demo.add_argument(
+        "--time-scale", type=positive_float_arg, default=360.0, help="compression (default 360)"
+    )
+    demo.add_argument(
+        "--peak-rps", type=positive_float_arg, default=160.0, help="replayed peak (default 160)"
+    )
+    demo.add_argument("--duration", type=duration_arg, help="stop the replay after this long")
+    demo.add_argument("--policy", default="predictive", help="the controller's policy")
+    demo.add_argument("--model", default="demo-cnn")
+    demo.add_argument("--port", type=int, default=8000, help="API port; workers take the next two")
+    demo.add_argument(
+        "--keep-running", action="store_true", help="keep serving after the replay (Ctrl-C ends)"
+    )
+    demo.set_defaults(handler=run_demo)
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    trace = load_trace(args.trace)  # a bad trace fails here, before anything starts
+    events_path = args.events or args.trace.with_suffix(".events.yaml")
+    events = load_events(events_path) if events_path.exists() else ()
+    peak_rps = float(trace.counts.max() / trace.step_s)
+    rate_scale = args.peak_rps / (peak_rps * args.time_scale)
+    work = Path(tempfile.mkdtemp(prefix="tidal-demo-"))
+    api = f"http://127.0.0.1:{args.port}"
+    workers = [f"http://127.0.0.1:{args.port + i}" for i in (1, 2)]
+    print(f"tidal demo: working in {work}", flush=True)
+    print(f"profiling {args.model} (the planner's latency model) ...", flush=True)
+    _tidal(
+        "profile", "--model", args.model, "--batch-sizes", "1,2,4,8,16,32,64",
+        "--runs", "10", "--out", str(work / "profile.json"), quiet=True,
+    )  # fmt: skip
+    token = secrets.token_urlsafe(24)
+    (work / "token").write_text(token)
+    lead_s = 20.0  # the controller's start (policy table, workers' warm-up) fits in this
+    start_at = time.time() + lead_s
+    origin_s = epoch_seconds(trace.origin)
+    shifted = [
+        replace(
+            e,
+            start_s=start_at + (e.start_s - origin_s) / args.time_scale,
+            end_s=start_at + (e.end_s - origin_s) / args.time_scale,
+            ramp_up_s=e.ramp_up_s / args.time_scale,
+            ramp_down_s=e.ramp_down_s / args.time_scale,
+        )
+        for e in events
+    ]
+    (work / "events.json").write_text(json.dumps({"events": [event_to_dict(e) for e in shifted]}))
+    log = (work / "controller.log").open("w")
+    controller = _start(
+        [
+            "controller", "--redis", "none", "--pool", POOL, "--policy", args.policy,
+            "--workers", "2", "--latency-model", str(work / "profile.json"),
+            "--events", str(work / "events.json"), "--token-file", str(work / "token"),
+            "--port", str(args.port), "--local-workers", "2", "--model", args.model,
+            "--worker-port", str(args.port + 1),
+        ],
+        log,
+    )  # fmt: skip
+    try:
+        _wait_ready(api, controller, work / "controller.log")
+        _print_guide(api, workers, work, args, len(shifted))
+        replay = [
+            "loadgen", "--trace", str(args.trace), "--target", ",".join(workers),
+            "--model", args.model, "--time-scale", str(args.time_scale),
+            "--rate-scale", repr(rate_scale), "--start-at", repr(start_at),
+            "--out", str(work / "requests.csv"),
+        ]  # fmt: skip
+        if args.duration:
+            replay += ["--duration", f"{args.duration}s"]
+        _tidal(*replay)
+        _print_outcome(api)
+        if args.keep_running:
+            print("still serving; Ctrl-C to stop", flush=True)
+            controller.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        _stop(controller)
+    return 0
+
+
+def _tidal(*argv: str, quiet: bool = False) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "server.cli", *argv],
+        stdout=subprocess.DEVNULL if quiet else None,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise InvalidInput(f"tidal {argv[0]} failed (exit {done.returncode})")
+
+
+def _start(argv: list[str], log) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "server.cli", *argv], stdout=log, stderr=subprocess.STDOUT
+    )
+
+
+def _wait_ready(api: str, process: subprocess.Popen, log: Path, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            tail = log.read_text().strip().splitlines()[-1:] or ["no output"]
+            raise InvalidInput(f"the controller exited ({tail[0]})")
+        try:
+            if httpx.get(f"{api}/readyz", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise InvalidInput(f"the controller was not ready within {timeout_s:.0f} s (see {log})")
+
+
+def _print_guide(api: str, workers: list[str], work: Path, args, events: int) -> None:
+    day_s, peak = 86_400 / args.time_scale, args.peak_rps
+    print(
+        f"""
+replaying {args.trace} ({events} declared events), 24 h in {day_s:.0f} s, peak {peak:.0f} req/s
+
+  pool         {api}/v1/pools/{POOL}
+  decisions    {api}/v1/pools/{POOL}/decisions
+  forecast     {api}/v1/pools/{POOL}/forecast
+  workers      {api}/v1/pools/{POOL}/workers
+  API docs     {api}/docs
+  metrics      {api}/metrics  {"  ".join(w + "/metrics" for w in workers)}
+  writes       curl -H "Authorization: Bearer $(cat {work}/token)" -X PUT ...
+  logs         {work}/controller.log
+""",
+        flush=True,
+    )
+
+
+def _print_outcome(api: str) -> None:
+    pool = httpx.get(f"{api}/v1/pools/{POOL}", timeout=5).json()
+    records = httpx.get(
+        f"{api}/v1/pools/{POOL}/decisions", params={"limit": 10_000}, timeout=5
+    ).json()["decisions"]
+    kinds = collections.Counter(r["kind"] for r in records)
+    print(
+        f"\ncontroller: {pool['config_changes']} config changes "
+        f"({', '.join(f'{k} {n}' for k, n in kinds.most_common())}); "
+        f"now {pool['config']} v{pool['version']}"
+    )
+    for record in [r for r in records if r["kind"] in {"scale_up", "warm_ahead"}][:3]:
+        stamp = time.strftime("%H:%M:%S", time.localtime(record["time"]))
+        print(f"  {stamp} {record['kind']}: {record['reason']}")
+
+
+def _stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=40)
+        except subprocess.TimeoutExpired:
+            process.kill()
