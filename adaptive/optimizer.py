@@ -25,6 +25,8 @@ from adaptive.errors import InvalidInput
 
 COST_TIE = 1.02
 """Costs within 2% count as equal; the lower mean latency wins."""
+MEAN_TIE = 1.02
+"""Mean latencies within 2% are a tie too: the smaller cap wins."""
 
 RATE_BIN = 1.005
 """Choices are cached per 0.5% band of rate, evaluated at the band's upper edge."""
@@ -163,7 +165,10 @@ class ConfigOptimizer:
         feasible = allowed & (p99 <= self.target_p99_s) & within_grid
         if feasible.any():
             near = feasible & (busy <= busy[feasible].min() * COST_TIE)
-            index = int(np.flatnonzero(near)[np.argmin(mean[near])])
+            # Caps above the batches the load forms tie on cost and latency up to noise;
+            # the smallest of them warms least and moves least from tick to tick.
+            calm = np.flatnonzero(near & (mean <= mean[near].min() * MEAN_TIE))
+            index = int(calm[np.lexsort((mean[calm], self.table.caps[calm]))[0]])
         else:
             index = self._best_effort(p99, allowed)
         return Choice(

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from redis.exceptions import RedisError
@@ -42,6 +42,7 @@ class LoopState:
 
 
 TickObserver = Callable[["ControlLoop", DecisionRecord | None], None]
+SettingsSync = Callable[[bool], Awaitable[None]]
 TRIM_EVERY_TICKS = 600
 
 
@@ -54,6 +55,7 @@ class ControlLoop:
         holder: str,
         lease_s: float = 3.0,
         observer: TickObserver | None = None,
+        sync_settings: SettingsSync | None = None,
     ) -> None:
         self.controller = controller
         self.local = local
@@ -62,6 +64,9 @@ class ControlLoop:
         self.holder = holder
         self.lease_s = lease_s
         self.observer = observer
+        # Operators' settings live on the bus: standbys follow them every tick, a new
+        # leader takes them (or restores them to a bus that lost them) before it acts.
+        self.sync_settings = sync_settings
         self.state = LoopState()
         self.latest: dict[str, WorkerStats] = {}  # each worker's last report
         self._cursor = "$"  # only stats that arrive from now on
@@ -115,17 +120,23 @@ class ControlLoop:
 
     async def _elect(self) -> None:
         leading = await self.bus.acquire_or_renew_lease(self.pool, self.holder, self.lease_s)
-        if leading and not self.state.leader:
+        elected = leading and not self.state.leader
+        if self.sync_settings is not None and (elected or not leading):
+            await self.sync_settings(elected)
+        if elected:
             await self._adopt()
             log.info("%s leads pool %s", self.holder, self.pool)
         self.state.leader = leading
 
     async def _adopt(self) -> None:
-        """Start from the config in force and above its version."""
+        """Start from the config in force and above its version; if the bus holds none
+        or an older one (a Redis that lost its data), publish ours so workers find it."""
         current = await self.bus.current_config(self.pool)
-        if current is not None:
+        if current is not None and current.version >= self.controller.version:
             self.controller.adopt(current.config, current.version)
             self.state.published_version = current.version
+        else:
+            await self._publish()
 
     async def _publish(self) -> None:
         current = await self.bus.current_config(self.pool)

@@ -106,6 +106,7 @@ class PoolControl:
         self.policy_spec = plan.policy
         self.events = plan.events
         self.pinned: PinnedConfig | None = None
+        self._seen: dict[str, Any] | None = None  # the bus's settings last applied
         self.loop: ControlLoop | None = None
         self._task: asyncio.Task | None = None
         self._lock = asyncio.Lock()
@@ -115,10 +116,19 @@ class PoolControl:
     async def start(self) -> None:
         """Restore the pool's persisted settings, build the controller, start ticking."""
         with contextlib.suppress(RedisError, OSError):  # unreachable: the plan's settings
-            await self._restore(await self.bus.load_settings(self.pool))
+            stored = await self.bus.load_settings(self.pool)
+            if stored:
+                self.policy_spec = await self._restore(stored)
+                self._seen = stored
         controller = await self._controller(self.policy_spec)
         self.loop = ControlLoop(
-            controller, controller.bus, self.bus, self.holder, self.plan.lease_s, self.observer
+            controller,
+            controller.bus,
+            self.bus,
+            self.holder,
+            self.plan.lease_s,
+            self.observer,
+            sync_settings=self._sync_settings,
         )
         self._task = asyncio.create_task(self.loop.run(), name=f"control-{self.pool}")
 
@@ -131,13 +141,48 @@ class PoolControl:
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.wait({self._task}, timeout=1.0)
 
-    async def _restore(self, stored: dict[str, Any]) -> None:
-        if "policy" in stored:
-            self.policy_spec = stored["policy"]
-        if "events" in stored:
-            self.events = events_from_document(stored["events"], f"stored events of {self.pool}")
-        if "override" in stored:
-            self.pinned = PinnedConfig.from_dict(stored["override"])
+    async def _sync_settings(self, elected: bool) -> None:
+        """Follow the operators' settings on the bus (the leader writes them); a new
+        leader facing a bus that lost them (a Redis restarted empty) writes ours back."""
+        stored = await self.bus.load_settings(self.pool)
+        if elected and not stored:
+            await self._save_all()
+            self._seen = self._all_settings()
+            return
+        if stored == self._seen:
+            return
+        self._seen = stored
+        try:
+            policy = await self._restore(stored)
+        except InvalidInput as error:  # never stop controlling over a bad stored setting
+            log.error("%s: ignoring stored settings: %s", self.pool, error)
+            return
+        self.controller.set_events(self.events)
+        self.controller.pin(self._override())
+        if policy != self.policy_spec:
+            await self.set_policy(policy, persist=False)
+
+    def _all_settings(self) -> dict[str, Any]:
+        settings: dict[str, Any] = {}
+        if self.policy_spec != self.plan.policy:
+            settings["policy"] = self.policy_spec
+        if self.events:
+            settings["events"] = self._events_document()
+        if self.active_override() is not None:
+            settings["override"] = self.pinned.to_dict()
+        return settings
+
+    async def _save_all(self) -> None:
+        for name, value in self._all_settings().items():
+            await self.bus.save_setting(self.pool, name, value)
+
+    async def _restore(self, stored: dict[str, Any]) -> str:
+        """Take events and override from `stored`; returns the policy spec it names."""
+        where = f"stored events of {self.pool}"
+        self.events = events_from_document(stored.get("events", []), where)
+        override = stored.get("override")
+        self.pinned = PinnedConfig.from_dict(override) if override else None
+        return stored.get("policy", self.plan.policy)
 
     # -- building --------------------------------------------------------------------
 
@@ -206,7 +251,9 @@ class PoolControl:
     def controller(self) -> Controller:
         return self.loop.controller
 
-    async def set_policy(self, spec: str, policy: Policy | None = None) -> None:
+    async def set_policy(
+        self, spec: str, policy: Policy | None = None, persist: bool = True
+    ) -> None:
         """Switch policy; the config in force and its version carry over."""
         async with self._lock:
             fresh = await self._controller(spec, policy)
@@ -214,7 +261,8 @@ class PoolControl:
             fresh.adopt(old.config, old.version)
             self.loop.controller = fresh
             self.policy_spec = fresh.policy.spec
-            await self.bus.save_setting(self.pool, "policy", self.policy_spec)
+            if persist:
+                await self.bus.save_setting(self.pool, "policy", self.policy_spec)
 
     async def pin(self, config: BatchConfig, for_s: float, reason: str) -> PinnedConfig:
         self.pinned = PinnedConfig(config, time.time() + for_s, reason)
@@ -231,7 +279,10 @@ class PoolControl:
     async def set_events(self, events: tuple[Event, ...]) -> None:
         self.events = events
         self.controller.set_events(events)
-        await self.bus.save_setting(self.pool, "events", [event_to_dict(e) for e in events])
+        await self.bus.save_setting(self.pool, "events", self._events_document())
+
+    def _events_document(self) -> list[dict[str, Any]]:
+        return [event_to_dict(e) for e in self.events]
 
     def active_override(self) -> PinnedConfig | None:
         if self.pinned is not None and self.pinned.until <= time.time():

@@ -103,10 +103,15 @@ def create_app(
     read = write if protect_reads else []
     metrics.watch(lambda: pools.values())
 
-    def pool_of(pool: str) -> PoolControl:
+    def pool_of(pool: str, write: bool = False) -> PoolControl:
         control = pools.get(pool)
-        if control is None or control.loop is None:
+        if control is None:
             raise ApiError(404, f"unknown pool {pool!r} (known: {', '.join(pools)})", "pool")
+        if control.loop is None:
+            raise ApiError(503, f"pool {pool!r} is starting", "pool")
+        if write and not control.loop.state.leader:
+            # A standby's change would be overwritten when it next takes over.
+            raise ApiError(409, f"this controller does not lead pool {pool!r}: write to the leader")
         return control
 
     @app.get("/healthz", tags=["health"])
@@ -166,13 +171,13 @@ def create_app(
 
     @app.put("/v1/pools/{pool}/policy", tags=["steer"], dependencies=write)
     async def put_policy(pool: str, body: PolicyRequest) -> dict[str, Any]:
-        control = pool_of(pool)
+        control = pool_of(pool, write=True)
         await _bus_call(control.set_policy(_checked(body.policy, "policy")))
         return await _summary(control)
 
     @app.put("/v1/pools/{pool}/override", tags=["steer"], dependencies=write)
     async def put_override(pool: str, body: OverrideRequest) -> dict[str, Any]:
-        control = pool_of(pool)
+        control = pool_of(pool, write=True)
         try:
             config = BatchConfig(body.max_batch, body.timeout_ms / 1e3, body.warm_max_batch)
         except InvalidInput as error:
@@ -183,7 +188,7 @@ def create_app(
 
     @app.delete("/v1/pools/{pool}/override", tags=["steer"], dependencies=write)
     async def delete_override(pool: str) -> dict[str, Any]:
-        lifted = await _bus_call(pool_of(pool).unpin())
+        lifted = await _bus_call(pool_of(pool, write=True).unpin())
         return {"pool": pool, "lifted": lifted}
 
     @app.get("/v1/pools/{pool}/events", tags=["steer"], dependencies=read)
@@ -192,7 +197,7 @@ def create_app(
 
     @app.post("/v1/pools/{pool}/events", tags=["steer"], dependencies=write)
     async def post_events(pool: str, body: EventsRequest) -> dict[str, Any]:
-        control = pool_of(pool)
+        control = pool_of(pool, write=True)
         try:
             added = events_from_document(body.events, "events")
         except InvalidInput as error:
@@ -205,7 +210,7 @@ def create_app(
     async def delete_events(
         pool: str, name: str | None = Query(None, description="only this event (default all)")
     ) -> dict[str, Any]:
-        control = pool_of(pool)
+        control = pool_of(pool, write=True)
         kept = () if name is None else tuple(e for e in control.events if e.name != name)
         if name is not None and len(kept) == len(control.events):
             raise ApiError(404, f"no event named {name!r} in pool {pool!r}", "name")
@@ -214,7 +219,7 @@ def create_app(
 
     @app.post("/v1/pools/{pool}/simulate", tags=["steer"], dependencies=write)
     async def rollout_gate(pool: str, body: SimulateRequest) -> dict[str, Any]:
-        control = pool_of(pool)
+        control = pool_of(pool, write=True)
         _checked(body.candidate, "candidate")
         try:
             result = await _bus_call(control.rollout_gate(body.candidate, body.hours, body.seed))
