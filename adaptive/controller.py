@@ -107,9 +107,14 @@ class Controller:
         self.version = max(self.version, version)
 
     def pin(self, override: Override | None) -> None:
-        """An operator's pinned config (None lifts it): applied as it is, past the
-        guardrails, until it expires; the policy keeps deciding, on the record."""
+        """An operator's pinned config (None lifts it): applied at once and as it is,
+        past the guardrails, until it expires; the policy keeps deciding, on the record."""
         self.override = override
+        if override is not None and override.config != self.config:
+            self.version += 1
+            self.config_changes += 1
+            self.config = override.config
+            self.bus.publish_config(self.settings.pool, VersionedConfig(self.version, self.config))
 
     def set_events(self, events: tuple[Event, ...]) -> None:
         self.settings = replace(self.settings, events=events)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from redis.exceptions import RedisError
 
-from adaptive.bus import InMemoryBus, VersionedConfig, WorkerStats, pool_stats
+from adaptive.bus import VersionedConfig, WorkerStats, pool_stats
 from adaptive.controller import Controller
 from adaptive.decisions import DecisionRecord
 from server.pool_bus import PoolBus
@@ -50,7 +50,6 @@ class ControlLoop:
     def __init__(
         self,
         controller: Controller,
-        local: InMemoryBus,
         bus: PoolBus,
         holder: str,
         lease_s: float = 3.0,
@@ -58,7 +57,6 @@ class ControlLoop:
         sync_settings: SettingsSync | None = None,
     ) -> None:
         self.controller = controller
-        self.local = local
         self.bus = bus
         self.pool = controller.settings.pool
         self.holder = holder
@@ -102,7 +100,8 @@ class ControlLoop:
             # Worker windows are not aligned with ticks: a tick may hold two windows of
             # one worker, and every arrival counts.
             merged = pool_stats(reports, self.controller.clock.now(), len(alive) or 1)
-            self.local.publish_stats(self.pool, merged)
+            # The controller reads its own in-process bus (a policy switch brings a new one).
+            self.controller.bus.publish_stats(self.pool, merged)
         controller = self.controller
         record = controller.tick()
         if self.state.leader:

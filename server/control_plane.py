@@ -123,7 +123,6 @@ class PoolControl:
         controller = await self._controller(self.policy_spec)
         self.loop = ControlLoop(
             controller,
-            controller.bus,
             self.bus,
             self.holder,
             self.plan.lease_s,
@@ -260,7 +259,7 @@ class PoolControl:
             old = self.controller
             fresh.adopt(old.config, old.version)
             self.loop.controller = fresh
-            self.policy_spec = fresh.policy.spec
+            self.policy_spec = spec  # as the operator wrote it
             if persist:
                 await self.bus.save_setting(self.pool, "policy", self.policy_spec)
 

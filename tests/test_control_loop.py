@@ -22,9 +22,7 @@ def control_loop(bus: RedisBus, holder: str, lease_s: float = 3.0) -> ControlLoo
     settings = ControllerSettings(
         pool="pool", tick_s=0.05, workers=2, guardrails=Guardrails(dwell_s=0.5)
     )
-    return ControlLoop(
-        Controller(policy, local, WallClock(), settings), local, bus, holder, lease_s
-    )
+    return ControlLoop(Controller(policy, local, WallClock(), settings), bus, holder, lease_s)
 
 
 async def keep_busy(batchers, stop: asyncio.Event):

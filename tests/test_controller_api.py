@@ -1,0 +1,210 @@
+"""The operator API on a running pool control (in-process bus, or a private Redis)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import httpx
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+from redis_server import redis_server
+
+from adaptive.bus import WorkerStats
+from adaptive.latency import parse_latency_model
+from server.control_plane import PoolControl, PoolPlan
+from server.controller_app import create_app
+from server.controller_metrics import ControllerMetrics
+from server.pool_bus import LocalPoolBus
+from server.redis_bus import RedisBus, connect
+
+TOKEN = "s3cret"
+AUTH = {"authorization": f"Bearer {TOKEN}"}
+STATIC = "static:max_batch=8,timeout=5ms"
+
+
+@contextlib.asynccontextmanager
+async def running(bus, policy: str = STATIC, token: str | None = TOKEN, name: str = "c1"):
+    plan = PoolPlan(
+        pool="p", policy=policy, latency=parse_latency_model("linear:5,0.4"), tick_s=0.05
+    )
+    registry = CollectorRegistry()
+    metrics = ControllerMetrics(registry)
+    control = PoolControl(plan, bus, name, metrics.observe)
+    await control.start()
+    while not control.loop.state.leader:
+        await asyncio.sleep(0.01)
+    app = create_app({"p": control}, registry, metrics, token)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
+        try:
+            yield control, client
+        finally:
+            await control.stop()
+
+
+def test_writes_are_refused_without_a_configured_token_and_reads_stay_open():
+    async def scenario():
+        async with running(LocalPoolBus(), token=None) as (_, api):
+            write = await api.delete("/v1/pools/p/override", headers=AUTH)
+            read = await api.get("/v1/pools/p")
+            missing = await api.get("/v1/pools/nope")
+            metrics = await api.get("/metrics")
+            return write, read, missing, metrics
+
+    write, read, missing, metrics = asyncio.run(scenario())
+    assert write.status_code == 403 and "none is configured" in write.json()["error"]
+    assert read.status_code == 200 and read.json()["config"]["max_batch"] == 8
+    assert missing.status_code == 404 and missing.json()["field"] == "pool"
+    names = {f.name for f in text_string_to_metric_families(metrics.text)}
+    assert {"tidal_controller_config_max_batch_size", "tidal_controller_leader"} <= names
+
+
+def test_events_round_trip_and_bad_ones_name_the_field():
+    start = time.time() + 3600
+    sale = {"name": "sale", "start": start, "end": start + 600, "multiplier": 3}
+
+    async def scenario():
+        async with running(LocalPoolBus()) as (control, api):
+            added = await api.post("/v1/pools/p/events", json={"events": [sale]}, headers=AUTH)
+            again = await api.post("/v1/pools/p/events", json={"events": [sale]}, headers=AUTH)
+            bad = await api.post(
+                "/v1/pools/p/events",
+                json={"events": [{**sale, "end": start - 1}]},
+                headers=AUTH,
+            )
+            listed = await api.get("/v1/pools/p/events")
+            unknown = await api.delete("/v1/pools/p/events?name=other", headers=AUTH)
+            gone = await api.delete("/v1/pools/p/events?name=sale", headers=AUTH)
+            return added, again, bad, listed, unknown, gone, control.events
+
+    added, again, bad, listed, unknown, gone, left = asyncio.run(scenario())
+    assert added.status_code == 200
+    assert len(again.json()["events"]) == 1  # the same name replaces, never duplicates
+    assert bad.status_code == 422 and bad.json()["field"] == "events"
+    assert "event 1" in bad.json()["error"] and "end must be after start" in bad.json()["error"]
+    assert listed.json()["events"][0]["multiplier"] == 3
+    assert unknown.status_code == 404
+    assert gone.json()["events"] == [] and left == ()
+
+
+async def report_forever(bus) -> None:
+    """A worker's stats every 50 ms: the controller decides on ticks that have news."""
+    while True:
+        stats = WorkerStats("w", 0.05, 5, 5, 0, (), 0.0, ((1, 5),), 0.01, 0, 8, (1, 2, 4, 8), 1)
+        await bus.publish_worker_stats("p", stats)
+        await asyncio.sleep(0.05)
+
+
+def test_a_policy_switch_keeps_the_config_version_and_bad_specs_are_422():
+    async def scenario():
+        bus = LocalPoolBus()
+        worker = asyncio.create_task(report_forever(bus))
+        async with running(bus) as (control, api):
+            pinned = await api.put(
+                "/v1/pools/p/override",
+                json={"max_batch": 4, "timeout_ms": 2, "duration": "1h"},
+                headers=AUTH,
+            )
+            while control.controller.config.max_batch_size != 4:
+                await asyncio.sleep(0.01)
+            version = control.controller.version
+            switched = await api.put(
+                "/v1/pools/p/policy", json={"policy": "static:max_batch=16"}, headers=AUTH
+            )
+            bad = await api.put(
+                "/v1/pools/p/policy", json={"policy": "static:max_batch=x"}, headers=AUTH
+            )
+            oracle = await api.put("/v1/pools/p/policy", json={"policy": "oracle"}, headers=AUTH)
+            lifted = await api.delete("/v1/pools/p/override", headers=AUTH)
+            while control.controller.config.max_batch_size != 16:
+                await asyncio.sleep(0.01)
+            worker.cancel()
+            return pinned, version, switched, bad, oracle, lifted, control.controller.version
+
+    pinned, version, switched, bad, oracle, lifted, final_version = asyncio.run(scenario())
+    assert pinned.status_code == 200 and pinned.json()["override"]["max_batch"] == 4
+    body = switched.json()
+    assert body["policy"].startswith("static:max_batch=16") and body["version"] >= version
+    assert body["mode"] == "override"  # the pin outlives the policy switch
+    assert bad.status_code == 422 and bad.json()["field"] == "policy"
+    assert "max_batch must be an integer" in bad.json()["error"]
+    assert oracle.status_code == 422 and "simulation only" in oracle.json()["error"]
+    assert lifted.json()["lifted"] is True and final_version > version
+
+
+async def record_traffic(bus, seconds: int, rate_rps: int) -> None:
+    """What a worker reporting every second for `seconds` leaves on the bus."""
+    now = int(time.time())
+    for second in range(now - seconds, now):
+        stats = WorkerStats("w", 1.0, rate_rps, rate_rps, 0, (), 0.0, (), 0.0, 0, 8, (), 1)
+        await bus.publish_worker_stats("p", stats, at_s=second)
+
+
+def test_the_rollout_gate_compares_side_by_side_and_promotes_only_if_no_worse():
+    async def scenario():
+        bus = LocalPoolBus()
+        async with running(bus) as (control, api):
+            early = await api.post("/v1/pools/p/simulate", json={"candidate": "aimd"}, headers=AUTH)
+            await record_traffic(bus, 600, 300)
+            worse = await api.post(
+                "/v1/pools/p/simulate",
+                json={"candidate": "static:max_batch=1,timeout=0ms", "promote": True},
+                headers=AUTH,
+            )
+            better = await api.post(
+                "/v1/pools/p/simulate",
+                json={"candidate": "static:max_batch=32,timeout=5ms", "promote": True},
+                headers=AUTH,
+            )
+            return early, worse, better, control.policy_spec
+
+    early, worse, better, policy = asyncio.run(scenario())
+    assert early.status_code == 409 and "recorded traffic" in early.json()["error"]
+    w = worse.json()
+    # One worker at batch 1 serves ~185 req/s under linear:5,0.4: 300 req/s overruns it.
+    assert w["traffic"]["seconds"] >= 600 and w["candidate"]["slo_attainment"] < 0.5
+    assert w["current"]["slo_attainment"] > 0.99
+    assert w["no_worse_on_slo"] is False and w["promoted"] is False
+    b = better.json()
+    assert b["no_worse_on_slo"] is True and b["promoted"] is True
+    assert policy == "static:max_batch=32,timeout=5ms"
+
+
+def test_operator_settings_survive_a_controller_restart_on_redis():
+    start = time.time() + 3600
+    sale = {"name": "sale", "start": start, "end": start + 600, "multiplier": 2}
+
+    async def scenario(url: str):
+        bus = RedisBus(connect(url))
+        async with running(bus) as (_, api):
+            await api.put("/v1/pools/p/policy", json={"policy": "aimd"}, headers=AUTH)
+            await api.post("/v1/pools/p/events", json={"events": [sale]}, headers=AUTH)
+            await api.put(
+                "/v1/pools/p/override",
+                json={"max_batch": 4, "timeout_ms": 2, "duration": "1h", "reason": "canary"},
+                headers=AUTH,
+            )
+        async with running(bus, policy="predictive", name="c2") as (control, api):
+            return (await api.get("/v1/pools/p")).json(), control.events
+
+    with redis_server() as url:
+        pool, events = asyncio.run(scenario(url))
+    assert pool["policy"] == "aimd"  # the stored spec wins over the command line's
+    assert pool["override"]["reason"] == "canary" and pool["mode"] == "override"
+    assert [e.name for e in events] == ["sale"]
+
+
+def test_a_restarted_predictive_controller_forecasts_from_recorded_traffic():
+    async def scenario():
+        bus = LocalPoolBus()
+        await record_traffic(bus, 1200, 40)
+        async with running(bus, policy="predictive") as (control, api):
+            forecast = (await api.get("/v1/pools/p/forecast")).json()
+            return control.controller.feed.history.counts, forecast
+
+    history, forecast = asyncio.run(scenario())
+    # 10 s steps of 40 req/s; the last step may hold the seconds since the record ended.
+    assert history.size >= 110 and set(history[-100:-1]) == {400.0}
+    assert 30.0 <= forecast["forecast"]["points"][0]["mean_rps"] <= 40.0
