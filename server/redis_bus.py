@@ -5,8 +5,11 @@ Keys live under a prefix (`tidal` by default), per pool:
     {prefix}:{pool}:config          hash: version, max_batch, timeout_s, warm_max_batch
     {prefix}:{pool}:config:notify   pub/sub channel: the new version, after each change
     {prefix}:{pool}:stats           stream (capped): one entry per WorkerStats, JSON
-    {prefix}:{pool}:arrivals        hash: Unix second -> arrivals (trimmed to `history_s`)
+    {prefix}:{pool}:arrivals:{hour} hash per Unix hour: second -> arrivals (expires after
+                                    `history_s`, so history never needs a scan to trim)
     {prefix}:{pool}:worker:{id}     heartbeat, with a TTL: a worker that stops beating leaves
+    {prefix}:{pool}:workers         sorted set: worker -> last beat's expiry (an index, so
+                                    listing a pool never scans the keyspace)
     {prefix}:{pool}:decisions       stream (capped): the controller's decision records
     {prefix}:{pool}:leader          the controller lease (SET NX PX, renewed)
     {prefix}:{pool}:settings        hash: operator settings (policy, override, events), JSON
@@ -105,6 +108,7 @@ class RedisBus:
     ) -> None:
         """Append to the pool's stats stream and add the arrivals to its per-second counts."""
         second = int(at_s if at_s is not None else time.time())
+        hour = self._hour_key(pool, second // 3600)
         async with self.client.pipeline(transaction=False) as pipe:
             pipe.xadd(
                 self.key(pool, "stats"),
@@ -112,8 +116,12 @@ class RedisBus:
                 maxlen=self.stats_maxlen,
                 approximate=True,
             )
-            pipe.hincrby(self.key(pool, "arrivals"), str(second), stats.arrivals)
+            pipe.hincrby(hour, str(second), stats.arrivals)
+            pipe.expire(hour, self.history_s + 3600)
             await pipe.execute()
+
+    def _hour_key(self, pool: str, hour: int) -> str:
+        return self.key(pool, "arrivals", str(hour))
 
     async def read_worker_stats(
         self, pool: str, after: str = "0-0"
@@ -133,29 +141,39 @@ class RedisBus:
         return newest[0][0] if newest else "0-0"
 
     async def arrivals_per_second(self, pool: str, since_s: int, until_s: int) -> dict[int, int]:
-        """Recorded arrivals per Unix second in [since_s, until_s)."""
-        counts = await self.client.hgetall(self.key(pool, "arrivals"))
-        return {int(s): int(n) for s, n in counts.items() if since_s <= int(s) < until_s}
+        """Recorded arrivals per Unix second in [since_s, until_s): one read per hour."""
+        hours = range(since_s // 3600, (until_s - 1) // 3600 + 1)
+        async with self.client.pipeline(transaction=False) as pipe:
+            for hour in hours:
+                pipe.hgetall(self._hour_key(pool, hour))
+            buckets = await pipe.execute()
+        return {
+            int(s): int(n)
+            for bucket in buckets
+            for s, n in bucket.items()
+            if since_s <= int(s) < until_s
+        }
 
     async def trim_history(self, pool: str, now_s: int) -> int:
-        """Drop per-second counts older than `history_s`; returns how many went."""
-        key = self.key(pool, "arrivals")
-        old = [s for s in await self.client.hkeys(key) if int(s) < now_s - self.history_s]
-        return await self.client.hdel(key, *old) if old else 0
+        """Nothing to do: each hour's counts expire on their own after `history_s`."""
+        return 0
 
     async def heartbeat(self, pool: str, worker: str, info: dict[str, Any], ttl_s: float) -> None:
-        await self.client.set(
-            self.key(pool, "worker", worker), json.dumps(info), px=int(ttl_s * 1e3)
-        )
+        async with self.client.pipeline(transaction=False) as pipe:
+            pipe.set(self.key(pool, "worker", worker), json.dumps(info), px=int(ttl_s * 1e3))
+            pipe.zadd(self.key(pool, "workers"), {worker: time.time() + ttl_s})
+            await pipe.execute()
 
     async def workers_alive(self, pool: str) -> dict[str, dict[str, Any]]:
-        alive = {}
-        prefix = self.key(pool, "worker", "")
-        async for key in self.client.scan_iter(match=prefix + "*"):
-            value = await self.client.get(key)
-            if value is not None:
-                alive[key[len(prefix) :]] = json.loads(value)  # names may hold ':'
-        return alive
+        """Workers whose heartbeat key lives (Redis' own TTL decides); the index drops
+        members a minute past their expiry, which tolerates clock skew between hosts."""
+        index = self.key(pool, "workers")
+        await self.client.zremrangebyscore(index, "-inf", time.time() - 60)
+        names = await self.client.zrange(index, 0, -1)
+        if not names:
+            return {}
+        values = await self.client.mget([self.key(pool, "worker", n) for n in names])
+        return {n: json.loads(v) for n, v in zip(names, values, strict=True) if v is not None}
 
     # -- decisions and leadership ------------------------------------------------------
 

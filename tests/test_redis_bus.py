@@ -67,12 +67,23 @@ def test_worker_stats_round_trip_and_per_second_arrivals(url):
         first, cursor = await bus.read_worker_stats("pool")
         await bus.publish_worker_stats("pool", stats("b", 1), at_s=1002.0)
         later, _ = await bus.read_worker_stats("pool", cursor)
-        return first, later, await bus.arrivals_per_second("pool", 1000, 1002)
+        await bus.publish_worker_stats("pool", stats("a", 5), at_s=3599.9)  # hours 0 and 1
+        await bus.publish_worker_stats("pool", stats("a", 7), at_s=3600.0)
+        ttl_s = await bus.client.ttl("t2:pool:arrivals:1")
+        return (
+            first,
+            later,
+            await bus.arrivals_per_second("pool", 1000, 1002),
+            await bus.arrivals_per_second("pool", 1001, 3601),
+            ttl_s,
+        )
 
-    first, later, arrivals = asyncio.run(scenario())
+    first, later, arrivals, across_hours, ttl_s = asyncio.run(scenario())
     assert first == [stats("a", 40), stats("b", 60), stats("a", 8)]
     assert later == [stats("b", 1)]
     assert arrivals == {1000: 100, 1001: 8}
+    assert across_hours == {1001: 8, 1002: 1, 3599: 5, 3600: 7}
+    assert 8 * 86_400 < ttl_s <= 8 * 86_400 + 3600  # history trims itself
 
 
 def test_heartbeats_expire_and_the_lease_passes_on(url):
