@@ -550,12 +550,14 @@ def propagation(url: str, changes: int, seed: int) -> dict[str, Any]:
 
 
 async def fill_history(bus: RedisBus, pool: str, seconds: int, until_s: int) -> None:
-    key, chunk = bus.key(pool, "arrivals"), 20_000
-    for start in range(until_s - seconds, until_s, chunk):
+    """What `seconds` of workers' reports leave on the bus, written an hour at a time."""
+    first = until_s - seconds
+    for hour in range(first // 3600, (until_s - 1) // 3600 + 1):
         fields = {
-            str(s): int(RATE_PER_WORKER_RPS) for s in range(start, min(until_s, start + chunk))
+            str(s): int(RATE_PER_WORKER_RPS)
+            for s in range(max(first, hour * 3600), min(until_s, (hour + 1) * 3600))
         }
-        await bus.client.hset(key, mapping=fields)
+        await bus.client.hset(bus.arrivals_key(pool, hour), mapping=fields)
 
 
 async def timed(call: Awaitable[Any]) -> tuple[float, str | None]:

@@ -108,7 +108,7 @@ class RedisBus:
     ) -> None:
         """Append to the pool's stats stream and add the arrivals to its per-second counts."""
         second = int(at_s if at_s is not None else time.time())
-        hour = self._hour_key(pool, second // 3600)
+        hour = self.arrivals_key(pool, second // 3600)
         async with self.client.pipeline(transaction=False) as pipe:
             pipe.xadd(
                 self.key(pool, "stats"),
@@ -120,7 +120,7 @@ class RedisBus:
             pipe.expire(hour, self.history_s + 3600)
             await pipe.execute()
 
-    def _hour_key(self, pool: str, hour: int) -> str:
+    def arrivals_key(self, pool: str, hour: int) -> str:
         return self.key(pool, "arrivals", str(hour))
 
     async def read_worker_stats(
@@ -145,7 +145,7 @@ class RedisBus:
         hours = range(since_s // 3600, (until_s - 1) // 3600 + 1)
         async with self.client.pipeline(transaction=False) as pipe:
             for hour in hours:
-                pipe.hgetall(self._hour_key(pool, hour))
+                pipe.hgetall(self.arrivals_key(pool, hour))
             buckets = await pipe.execute()
         return {
             int(s): int(n)
