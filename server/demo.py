@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 
 from adaptive.errors import InvalidInput
-from forecaster.events import event_to_dict, load_events
+from forecaster.events import Event, event_to_dict, load_events
 from forecaster.series import epoch_seconds
 from simulations.cli import duration_arg, positive_float_arg
 from simulations.traces import load_trace
@@ -67,7 +67,7 @@ def run_demo(args: argparse.Namespace) -> int:
     workers = [f"http://127.0.0.1:{args.port + i}" for i in (1, 2)]
     print(f"tidal demo: working in {work}", flush=True)
     print(f"profiling {args.model} (the planner's latency model) ...", flush=True)
-    _tidal(
+    run_tidal(
         "profile", "--model", args.model, "--batch-sizes", "1,2,4,8,16,32,64",
         "--runs", "10", "--out", str(work / "profile.json"), quiet=True,
     )  # fmt: skip
@@ -75,20 +75,10 @@ def run_demo(args: argparse.Namespace) -> int:
     (work / "token").write_text(token)
     lead_s = 20.0  # the controller's start (policy table, workers' warm-up) fits in this
     start_at = time.time() + lead_s
-    origin_s = epoch_seconds(trace.origin)
-    shifted = [
-        replace(
-            e,
-            start_s=start_at + (e.start_s - origin_s) / args.time_scale,
-            end_s=start_at + (e.end_s - origin_s) / args.time_scale,
-            ramp_up_s=e.ramp_up_s / args.time_scale,
-            ramp_down_s=e.ramp_down_s / args.time_scale,
-        )
-        for e in events
-    ]
+    shifted = shift_events(events, epoch_seconds(trace.origin), start_at, args.time_scale)
     (work / "events.json").write_text(json.dumps({"events": [event_to_dict(e) for e in shifted]}))
     log = (work / "controller.log").open("w")
-    controller = _start(
+    controller = start_tidal(
         [
             "controller", "--redis", "none", "--pool", POOL, "--policy", args.policy,
             "--workers", "2", "--latency-model", str(work / "profile.json"),
@@ -99,7 +89,7 @@ def run_demo(args: argparse.Namespace) -> int:
         log,
     )  # fmt: skip
     try:
-        _wait_ready(api, controller, work / "controller.log")
+        wait_ready(api, controller, work / "controller.log")
         _print_guide(api, workers, work, args, len(shifted))
         replay = [
             "loadgen", "--trace", str(args.trace), "--target", ",".join(workers),
@@ -109,7 +99,7 @@ def run_demo(args: argparse.Namespace) -> int:
         ]  # fmt: skip
         if args.duration:
             replay += ["--duration", f"{args.duration}s"]
-        _tidal(*replay)
+        run_tidal(*replay)
         _print_outcome(api)
         if args.keep_running:
             print("still serving; Ctrl-C to stop", flush=True)
@@ -121,7 +111,24 @@ def run_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _tidal(*argv: str, quiet: bool = False) -> None:
+def shift_events(
+    events: tuple[Event, ...], origin_s: float, start_at: float, time_scale: float
+) -> list[Event]:
+    """Events of a trace starting at `origin_s`, on the clock of a replay that starts at
+    `start_at` and runs `time_scale` times faster."""
+    return [
+        replace(
+            e,
+            start_s=start_at + (e.start_s - origin_s) / time_scale,
+            end_s=start_at + (e.end_s - origin_s) / time_scale,
+            ramp_up_s=e.ramp_up_s / time_scale,
+            ramp_down_s=e.ramp_down_s / time_scale,
+        )
+        for e in events
+    ]
+
+
+def run_tidal(*argv: str, quiet: bool = False) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "server.cli", *argv],
         stdout=subprocess.DEVNULL if quiet else None,
@@ -131,13 +138,13 @@ def _tidal(*argv: str, quiet: bool = False) -> None:
         raise InvalidInput(f"tidal {argv[0]} failed (exit {done.returncode})")
 
 
-def _start(argv: list[str], log) -> subprocess.Popen:
+def start_tidal(argv: list[str], log) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "server.cli", *argv], stdout=log, stderr=subprocess.STDOUT
     )
 
 
-def _wait_ready(api: str, process: subprocess.Popen, log: Path, timeout_s: float = 60) -> None:
+def wait_ready(api: str, process: subprocess.Popen, log: Path, timeout_s: float = 60) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
