@@ -25,7 +25,13 @@ STATIC = "static:max_batch=8,timeout=5ms"
 
 
 @contextlib.asynccontextmanager
-async def running(bus, policy: str = STATIC, token: str | None = TOKEN, name: str = "c1"):
+async def running(
+    bus,
+    policy: str = STATIC,
+    token: str | None = TOKEN,
+    name: str = "c1",
+    protect_reads: bool = False,
+):
     plan = PoolPlan(
         pool="p", policy=policy, latency=parse_latency_model("linear:5,0.4"), tick_s=0.05
     )
@@ -35,7 +41,7 @@ async def running(bus, policy: str = STATIC, token: str | None = TOKEN, name: st
     await control.start()
     while not control.loop.state.leader:
         await asyncio.sleep(0.01)
-    app = create_app({"p": control}, registry, metrics, token)
+    app = create_app({"p": control}, registry, metrics, token, protect_reads)
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
         try:
@@ -59,6 +65,21 @@ def test_writes_are_refused_without_a_configured_token_and_reads_stay_open():
     assert missing.status_code == 404 and missing.json()["field"] == "pool"
     names = {f.name for f in text_string_to_metric_families(metrics.text)}
     assert {"tidal_controller_config_max_batch_size", "tidal_controller_leader"} <= names
+
+
+def test_reads_can_be_made_to_need_the_token():
+    async def scenario():
+        async with running(LocalPoolBus(), protect_reads=True) as (_, api):
+            return (
+                await api.get("/v1/pools/p"),
+                await api.get("/v1/pools/p", headers=AUTH),
+                await api.get("/metrics"),
+                await api.get("/healthz"),
+            )
+
+    anonymous, authorised, metrics, health = asyncio.run(scenario())
+    assert anonymous.status_code == 401 and metrics.status_code == 401
+    assert authorised.status_code == 200 and health.status_code == 200
 
 
 def test_events_round_trip_and_bad_ones_name_the_field():
