@@ -99,6 +99,7 @@ class Controller:
         self._forecast_in: Forecast | None = None
         self._forecast_here: Forecast | None = None
         self.override: Override | None = None
+        self._released = False
         bus.publish_config(settings.pool, VersionedConfig(self.version, self.config))
 
     def adopt(self, config: BatchConfig, version: int) -> None:
@@ -109,6 +110,7 @@ class Controller:
     def pin(self, override: Override | None) -> None:
         """An operator's pinned config (None lifts it): applied at once and as it is,
         past the guardrails, until it expires; the policy keeps deciding, on the record."""
+        self._released = self.override is not None and override is None
         self.override = override
         if override is not None and override.config != self.config:
             self.version += 1
@@ -206,11 +208,13 @@ class Controller:
         if self.shadow is not None:
             answer = self.shadow.decide(snapshot)
             shadow = ShadowDecision(self.shadow.spec, answer.config, answer.reason)
-        chosen, guard_note = self.guard.apply(
-            now, self.config, decision.config, decision.protective
-        )
         if self.override is not None and now >= self.override.until_s:
-            self.override = None
+            self.override, self._released = None, True
+        # Right after a pin ends the policy's config resumes at once: the dwell guards
+        # against the policy's own churn, not against returning from an operator's pin.
+        protective = decision.protective or self._released
+        self._released = False
+        chosen, guard_note = self.guard.apply(now, self.config, decision.config, protective)
         if self.override is not None:
             chosen = self.override.config
             guard_note = f"pinned by the operator for {self.override.until_s - now:.0f} s more"

@@ -6,10 +6,10 @@ import time
 import numpy as np
 import pytest
 
-from adaptive.bus import InMemoryBus, PoolStats
+from adaptive.bus import InMemoryBus, PoolStats, VersionedConfig
 from adaptive.clock import ManualClock
 from adaptive.config import BatchConfig
-from adaptive.controller import Controller, ControllerSettings
+from adaptive.controller import Controller, ControllerSettings, Override
 from adaptive.decisions import Mode
 from adaptive.errors import InvalidInput
 from adaptive.guards import Guard, Guardrails
@@ -203,3 +203,26 @@ def test_the_issue_example_spec_builds_with_its_options():
     fixed = build_policy("predictive:lead=90s,step=30s,history=2d", context)
     assert fixed.horizon_s(20.0, 1.0) == 90 and fixed.forecast_step_s == 30
     assert fixed.history_s == 2 * 86400
+
+
+def test_an_operator_pin_applies_at_once_and_the_policy_resumes_at_once_when_it_ends():
+    clock, bus = ManualClock(), InMemoryBus()
+    policy = build_policy("static:max_batch=32,timeout=10ms", PolicyContext(0.1, 1))
+    settings = ControllerSettings(pool="p", guardrails=Guardrails(dwell_s=60.0))
+    controller = Controller(policy, bus, clock, settings)
+    stats = PoolStats(Observation(0.0, 1.0, 10, 10, 0, 0, 0.01, 0.02, 2.0, 0.5, 0.1))
+
+    controller.pin(Override(BatchConfig(4, 0.001), until_s=5.0, reason="canary"))
+    assert bus.current_config("p") == VersionedConfig(2, BatchConfig(4, 0.001))  # no tick
+    chosen = []
+    for _ in range(8):
+        clock.advance(1.0)
+        bus.publish_stats("p", stats)
+        record = controller.tick()
+        chosen.append((record.chosen, record.kind))
+    pinned = (BatchConfig(4, 0.001), "override")
+    assert chosen[:4] == [pinned] * 4
+    # A longer timeout is a cost-saving move the dwell would hold for 60 s; after a pin
+    # the policy's config returns at the first tick past the expiry.
+    assert chosen[4][0] == BatchConfig(32, 0.010)
+    assert bus.current_config("p").config == BatchConfig(32, 0.010)
