@@ -83,6 +83,12 @@ class ControlLoop:
                 self._lost(error)
                 await asyncio.sleep(min(tick_s * 2**failures, 10.0))
                 continue
+            except Exception as error:  # a bug must not end control silently
+                failures += 1
+                log.exception("tick failed on pool %s", self.pool)
+                self.state.ready, self.state.last_error = False, f"tick failed: {error!r}"
+                await asyncio.sleep(min(tick_s * 2**failures, 10.0))
+                continue
             await asyncio.sleep(max(0.0, tick_s - (time.monotonic() - started)))
 
     async def tick(self) -> None:
