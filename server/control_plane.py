@@ -35,6 +35,7 @@ from forecaster.events import Event, event_to_dict, events_from_document
 from server.clock import WallClock
 from server.control_loop import ControlLoop, TickObserver
 from server.pool_bus import PoolBus
+from server.tasks import cancel_and_wait
 from simulations.calibration import performance_table
 from simulations.engine import PoolSettings, Routing
 from simulations.report import policy_summary
@@ -134,11 +135,7 @@ class PoolControl:
     async def stop(self) -> None:
         if self._task is None:
             return
-        # redis-py may swallow one cancellation mid-command: cancel until it is done.
-        while not self._task.done():
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.wait({self._task}, timeout=1.0)
+        await cancel_and_wait(self._task)
 
     async def _sync_settings(self, elected: bool) -> None:
         """Follow the operators' settings on the bus (the leader writes them); a new

@@ -33,6 +33,7 @@ from server.models import load_model
 from server.pool_bus import LocalPoolBus, PoolBus
 from server.redis_bus import RedisBus, connect
 from server.runner import TorchRunner
+from server.tasks import cancel_and_wait
 from server.worker_app import create_app as create_worker_app
 from server.worker_link import WorkerLink
 from simulations.cli import (
@@ -163,7 +164,7 @@ def run_controller(args: argparse.Namespace) -> int:
         starting = [asyncio.create_task(c.start()) for c in pools.values()]
         yield
         for task in starting:
-            task.cancel()
+            await cancel_and_wait(task)
         for control in pools.values():
             await control.stop()
 

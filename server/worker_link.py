@@ -22,6 +22,7 @@ from adaptive.bus import WorkerStats
 from server.batching import DynamicBatcher
 from server.pool_bus import PoolBus
 from server.reporter import StatsCollector, apply_if_newer
+from server.tasks import cancel_and_wait
 
 log = logging.getLogger("tidal.worker")
 
@@ -59,10 +60,7 @@ class WorkerLink:
 
     async def stop(self) -> None:
         for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
         self.unsent.append(self.collector.collect())
         with contextlib.suppress(RedisError, OSError):
             await self._flush()

@@ -1,7 +1,6 @@
 """The live control loop on Redis: workers follow its decisions; a standby takes over."""
 
 import asyncio
-import contextlib
 import time
 
 from redis_server import RedisProcess
@@ -14,6 +13,7 @@ from adaptive.specs import PolicyContext, build_policy
 from server.clock import WallClock
 from server.control_loop import ControlLoop
 from server.redis_bus import RedisBus, connect
+from server.tasks import cancel_and_wait
 
 
 def control_loop(bus: RedisBus, holder: str, lease_s: float = 3.0) -> ControlLoop:
@@ -47,9 +47,7 @@ def test_workers_follow_the_leaders_decisions_over_redis():
         await asyncio.sleep(0.2)
         stop.set()
         await asyncio.gather(*background)
-        running.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await running
+        await cancel_and_wait(running)
         stored = await bus.current_config("pool")
         decisions = await bus.decisions("pool", count=100)
         for batcher, link in workers:
@@ -99,9 +97,7 @@ def test_a_standby_takes_over_within_two_leases_and_versions_never_go_back():
         dead = leading()
         standby = loops["c2" if dead == "c1" else "c1"]
         died = time.monotonic()
-        while not tasks[dead].done():  # the leader dies without a word (redis-py may
-            tasks[dead].cancel()  # swallow one cancellation mid-command, so insist)
-            await asyncio.sleep(0.001)
+        await cancel_and_wait(tasks[dead], poll_s=0.001)  # the leader dies without a word
         try:
             await until(lambda: standby.state.leader, timeout_s=5)
         except AssertionError:
@@ -115,10 +111,7 @@ def test_a_standby_takes_over_within_two_leases_and_versions_never_go_back():
         stop.set()
         await asyncio.gather(*background)
         for task in tasks.values():
-            task.cancel()
-        for task in tasks.values():
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
         for batcher, link in workers:
             await link.stop()
             await batcher.drain()
