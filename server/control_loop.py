@@ -67,6 +67,10 @@ class ControlLoop:
         self.sync_settings = sync_settings
         self.state = LoopState()
         self.latest: dict[str, WorkerStats] = {}  # each worker's last report
+        # The highest config version seen stored or running on a worker: a leader's next
+        # version goes above it, even when Redis lost what it stored (workers apply only
+        # newer versions, so publishing below what they run would be ignored).
+        self._seen_version = 0
         self._cursor = "$"  # only stats that arrive from now on
 
     async def run(self) -> None:
@@ -99,6 +103,11 @@ class ControlLoop:
         reports, self._cursor = await self.bus.read_worker_stats(self.pool, self._cursor)
         alive = await self.bus.workers_alive(self.pool)
         self.state.workers_alive = len(alive)
+        self._seen_version = max(
+            self._seen_version,
+            *(r.config_version for r in reports),
+            *(info.get("config_version", 0) for info in alive.values()),
+        )
         self.latest.update((r.worker, r) for r in reports)
         for gone in set(self.latest) - set(alive):
             del self.latest[gone]
@@ -128,6 +137,10 @@ class ControlLoop:
         elected = leading and not self.state.leader
         if self.sync_settings is not None and (elected or not leading):
             await self.sync_settings(elected)
+        if not leading:
+            stored = await self.bus.current_config(self.pool)
+            if stored is not None:
+                self._seen_version = max(self._seen_version, stored.version)
         if elected:
             await self._adopt()
             log.info("%s leads pool %s", self.holder, self.pool)
@@ -137,7 +150,8 @@ class ControlLoop:
         """Start from the config in force and above its version; if the bus holds none
         or an older one (a Redis that lost its data), publish ours so workers find it."""
         current = await self.bus.current_config(self.pool)
-        if current is not None and current.version >= self.controller.version:
+        newest = max(self.controller.version, self._seen_version)
+        if current is not None and current.version >= newest:
             self.controller.adopt(current.config, current.version)
             self.state.published_version = current.version
         else:
@@ -145,7 +159,8 @@ class ControlLoop:
 
     async def _publish(self) -> None:
         current = await self.bus.current_config(self.pool)
-        version = max(self.controller.version, (current.version + 1) if current else 1)
+        floor = max(current.version if current else 0, self._seen_version)
+        version = max(self.controller.version, floor + 1)
         self.controller.version = version
         config = VersionedConfig(version, self.controller.config)
         if await self.bus.publish_config(self.pool, config):

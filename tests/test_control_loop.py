@@ -124,3 +124,39 @@ def test_a_standby_takes_over_within_two_leases_and_versions_never_go_back():
     assert takeover_s <= 2 * lease_s
     assert versions == sorted(versions) and versions[-1] > 1
     assert second_version >= first_published  # the standby adopted the config in force
+
+
+def test_a_new_leader_on_a_redis_that_lost_its_data_publishes_above_what_workers_run():
+    server = RedisProcess()
+    server.start()
+
+    async def scenario():
+        bus = RedisBus(connect(server.url))
+        workers = [await worker(bus, f"w{i}") for i in range(2)]
+        first = control_loop(bus, "c1")
+        running = asyncio.create_task(first.run())
+        stop = asyncio.Event()
+        background = [asyncio.create_task(keep_busy([b for b, _ in workers], stop))]
+        await until(lambda: first.controller.config_changes >= 2, timeout_s=10)
+        await until(lambda: all(b.version == first.controller.version for b, _ in workers))
+        before = first.controller.version
+        await cancel_and_wait(running)
+        await bus.client.flushall()  # Redis restarted empty: no config, no lease
+        second = control_loop(bus, "c2")  # a fresh controller: its own version is 1
+        running = asyncio.create_task(second.run())
+        await until(lambda: second.state.leader and second.state.published_version > 0)
+        await until(lambda: all(b.version == second.state.published_version for b, _ in workers))
+        stored = await bus.current_config("pool")
+        stop.set()
+        await asyncio.gather(*background)
+        await cancel_and_wait(running)
+        for batcher, link in workers:
+            await link.stop()
+            await batcher.drain()
+        return before, stored.version
+
+    try:
+        before, after = asyncio.run(scenario())
+    finally:
+        server.stop()
+    assert after > before  # above what the workers ran, so they applied it
