@@ -103,9 +103,9 @@ class DecisionRecord:
             "pool": self.pool,
             "policy": self.policy,
             "mode": self.mode.value,
-            "previous": _config(self.previous),
-            "proposed": _config(self.proposed),
-            "chosen": _config(self.chosen),
+            "previous": config_dict(self.previous),
+            "proposed": config_dict(self.proposed),
+            "chosen": config_dict(self.chosen),
             "version": self.version,
             "kind": self.kind,
             "reason": self.reason,
@@ -123,13 +123,14 @@ class DecisionRecord:
             if self.shadow is None
             else {
                 "policy": self.shadow.policy,
-                "config": _config(self.shadow.config),
+                "config": config_dict(self.shadow.config),
                 "reason": self.shadow.reason,
             },
         }
 
 
-def _config(config: BatchConfig) -> dict[str, float]:
+def config_dict(config: BatchConfig) -> dict[str, float]:
+    """A config as records and APIs show it (timeout in ms)."""
     return {
         "max_batch": config.max_batch_size,
         "timeout_ms": round(config.timeout_s * 1e3, 3),

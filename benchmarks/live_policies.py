@@ -28,9 +28,9 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from forecaster.events import event_to_dict, load_events
+from forecaster.events import event_to_dict, load_events, rescale_events
 from forecaster.series import epoch_seconds
-from server.demo import run_tidal, shift_events, start_tidal, wait_ready
+from server.demo import run_tidal, start_tidal, wait_ready
 from simulations.traces import load_trace
 
 TRACE = Path("examples/promo_day.csv")
@@ -49,7 +49,7 @@ def run_policy(policy: str, args: argparse.Namespace, work: Path) -> dict:
     time_scale = 86_400 / args.seconds
     rate_scale = args.peak_rps / (float(trace.counts.max() / trace.step_s) * time_scale)
     start_at = time.time() + 30.0  # the controller compiles its table and warms meanwhile
-    events = shift_events(load_events(EVENTS), epoch_seconds(trace.origin), start_at, time_scale)
+    events = rescale_events(load_events(EVENTS), epoch_seconds(trace.origin), time_scale, start_at)
     events_path = work / "events.json"
     events_path.write_text(json.dumps({"events": [event_to_dict(e) for e in events]}))
     api = f"http://127.0.0.1:{PORT}"

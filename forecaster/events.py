@@ -10,7 +10,7 @@ keeps learning the usual level and never takes the spike for a new normal.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 
@@ -150,6 +150,24 @@ class FittedEventAware:
 
     def predict(self, steps: int, level: float = 0.9) -> Forecast:
         return apply_events(self.inner.predict(steps, level), self.events)
+
+
+def rescale_events(
+    events: tuple[Event, ...], origin_s: float, time_scale: float, start_s: float | None = None
+) -> tuple[Event, ...]:
+    """Events of a trace that starts at `origin_s`, on the clock of a replay `time_scale`
+    times faster that starts at `start_s` (default: the trace's own start)."""
+    start_s = origin_s if start_s is None else start_s
+    return tuple(
+        replace(
+            e,
+            start_s=start_s + (e.start_s - origin_s) / time_scale,
+            end_s=start_s + (e.end_s - origin_s) / time_scale,
+            ramp_up_s=e.ramp_up_s / time_scale,
+            ramp_down_s=e.ramp_down_s / time_scale,
+        )
+        for e in events
+    )
 
 
 def load_events(path: str | Path) -> tuple[Event, ...]:

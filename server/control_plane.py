@@ -26,6 +26,7 @@ from redis.exceptions import RedisError
 from adaptive.bus import InMemoryBus
 from adaptive.config import BatchConfig
 from adaptive.controller import Controller, ControllerSettings, Override
+from adaptive.decisions import config_dict
 from adaptive.errors import InvalidInput
 from adaptive.guards import Guardrails
 from adaptive.latency import LatencyModel
@@ -79,13 +80,7 @@ class PinnedConfig:
     reason: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "max_batch": self.config.max_batch_size,
-            "timeout_ms": round(self.config.timeout_s * 1e3, 3),
-            "warm_max_batch": self.config.warm_target,
-            "until": self.until,
-            "reason": self.reason,
-        }
+        return {**config_dict(self.config), "until": self.until, "reason": self.reason}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PinnedConfig:
@@ -222,18 +217,22 @@ class PoolControl:
         feed = controller.feed
         if feed is None:
             return
-        now = time.time()
-        recorded = await self.bus.arrivals_per_second(
-            self.pool, int(now - feed.history_s), int(now)
-        )
-        if not recorded:
+        _, counts = await self._recorded(feed.history_s)
+        if not counts.size:
             return
-        first = min(recorded)
-        counts = np.zeros(int(now) - first)
-        for second, n in recorded.items():
-            counts[second - first] = n
         feed.prime(counts, controller.clock.now())
         log.info("%s: forecast primed with %d s of recorded traffic", self.pool, counts.size)
+
+    async def _recorded(self, span_s: float) -> tuple[int, np.ndarray]:
+        """Arrivals per second over the last `span_s`, from the first recorded second to
+        now (seconds with no report count 0), and the Unix second they start at."""
+        now = int(time.time())
+        recorded = await self.bus.arrivals_per_second(self.pool, now - int(span_s), now)
+        first = min(recorded, default=now)
+        counts = np.zeros(now - first)
+        for second, n in recorded.items():
+            counts[second - first] = n
+        return first, counts
 
     def _override(self) -> Override | None:
         if self.pinned is None:
@@ -290,18 +289,12 @@ class PoolControl:
     async def rollout_gate(self, candidate: str, hours: float, seed: int = 0) -> dict[str, Any]:
         """Current vs candidate policy on the pool's last `hours` of recorded traffic."""
         candidate_policy = await self.build_policy(candidate)
-        now = int(time.time())
-        recorded = await self.bus.arrivals_per_second(self.pool, now - int(hours * 3600), now)
-        if not recorded or now - min(recorded) < MIN_GATE_S:
-            seconds = now - min(recorded) if recorded else 0
+        first, counts = await self._recorded(hours * 3600)
+        if counts.size < MIN_GATE_S:
             raise InsufficientHistory(
-                f"pool {self.pool!r} has {seconds} s of recorded traffic; "
+                f"pool {self.pool!r} has {counts.size} s of recorded traffic; "
                 f"the rollout gate needs at least {MIN_GATE_S} s"
             )
-        first = min(recorded)
-        counts = np.zeros(now - first)
-        for second, n in recorded.items():
-            counts[second - first] = n
         trace = CountTrace(
             f"{self.pool}: recorded traffic", 1.0, counts, datetime.fromtimestamp(first, UTC)
         )

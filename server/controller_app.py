@@ -26,7 +26,7 @@ from pydantic import BaseModel, Field
 from redis.exceptions import RedisError
 
 from adaptive.config import BatchConfig
-from adaptive.decisions import Mode
+from adaptive.decisions import Mode, config_dict
 from adaptive.errors import InvalidInput
 from adaptive.units import parse_duration_s
 from forecaster.events import event_to_dict, events_from_document
@@ -172,7 +172,7 @@ def create_app(
     @app.put("/v1/pools/{pool}/policy", tags=["steer"], dependencies=write)
     async def put_policy(pool: str, body: PolicyRequest) -> dict[str, Any]:
         control = pool_of(pool, write=True)
-        await _bus_call(control.set_policy(_checked(body.policy, "policy")))
+        await _bus_call(control.set_policy(body.policy))
         return await _summary(control)
 
     @app.put("/v1/pools/{pool}/override", tags=["steer"], dependencies=write)
@@ -220,13 +220,11 @@ def create_app(
     @app.post("/v1/pools/{pool}/simulate", tags=["steer"], dependencies=write)
     async def rollout_gate(pool: str, body: SimulateRequest) -> dict[str, Any]:
         control = pool_of(pool, write=True)
-        _checked(body.candidate, "candidate")
         try:
-            result = await _bus_call(control.rollout_gate(body.candidate, body.hours, body.seed))
+            gate = control.rollout_gate(body.candidate, body.hours, body.seed)
+            result = await _bus_call(gate, field="candidate")
         except InsufficientHistory as error:
             raise ApiError(409, str(error), "hours") from None
-        except InvalidInput as error:
-            raise ApiError(422, str(error), "candidate") from None
         candidate = result.pop("candidate_policy")
         result["promoted"] = False
         if body.promote and result["no_worse_on_slo"]:
@@ -241,24 +239,9 @@ def create_app(
     return app
 
 
-def _checked(spec: str, field: str) -> str:
-    """A spec's syntax and options, checked before any heavy build."""
-    from adaptive.specs import POLICY_FACTORIES, parse_policy_spec
-
-    try:
-        parsed = parse_policy_spec(spec)
-    except InvalidInput as error:
-        raise ApiError(422, str(error), field) from None
-    if parsed.name not in POLICY_FACTORIES:
-        known = ", ".join(sorted(POLICY_FACTORIES))
-        raise ApiError(422, f"unknown policy {parsed.name!r} (known: {known})", field)
-    if parsed.name == "oracle":
-        raise ApiError(422, "oracle sees the recorded future: simulation only", field)
-    return spec
-
-
-async def _bus_call(awaitable):
-    """Await a bus-backed operation: an unreachable bus is a 503, a bad spec a 422."""
+async def _bus_call(awaitable, field: str = "policy"):
+    """Await a bus-backed operation: an unreachable bus is a 503, a bad spec a 422 that
+    names `field` (the policy factories' own messages say what is wrong)."""
     try:
         return await awaitable
     except (RedisError, OSError) as error:
@@ -266,7 +249,7 @@ async def _bus_call(awaitable):
     except InsufficientHistory:
         raise
     except InvalidInput as error:
-        raise ApiError(422, str(error), "policy") from None
+        raise ApiError(422, str(error), field) from None
 
 
 def _duration(value: str | float, field: str) -> float:
@@ -288,14 +271,6 @@ def _moment(text: str, field: str) -> float:
         raise ApiError(422, f"{field}: not Unix seconds or ISO-8601: {text!r}", field) from None
 
 
-def _config(config: BatchConfig) -> dict[str, Any]:
-    return {
-        "max_batch": config.max_batch_size,
-        "timeout_ms": round(config.timeout_s * 1e3, 3),
-        "warm_max_batch": config.warm_target,
-    }
-
-
 async def _summary(control: PoolControl) -> dict[str, Any]:
     controller, state = control.controller, control.loop.state
     leader = None
@@ -304,7 +279,7 @@ async def _summary(control: PoolControl) -> dict[str, Any]:
     pinned = control.active_override()
     return {
         "pool": control.pool,
-        "config": _config(controller.config),
+        "config": config_dict(controller.config),
         "version": controller.version,
         "policy": control.policy_spec,
         "shadow": controller.shadow.spec if controller.shadow is not None else None,

@@ -17,13 +17,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import httpx
 
 from adaptive.errors import InvalidInput
-from forecaster.events import Event, event_to_dict, load_events
+from forecaster.events import event_to_dict, load_events, rescale_events
 from forecaster.series import epoch_seconds
 from simulations.cli import duration_arg, positive_float_arg
 from simulations.traces import load_trace
@@ -75,7 +74,7 @@ def run_demo(args: argparse.Namespace) -> int:
     (work / "token").write_text(token)
     lead_s = 20.0  # the controller's start (policy table, workers' warm-up) fits in this
     start_at = time.time() + lead_s
-    shifted = shift_events(events, epoch_seconds(trace.origin), start_at, args.time_scale)
+    shifted = rescale_events(events, epoch_seconds(trace.origin), args.time_scale, start_at)
     (work / "events.json").write_text(json.dumps({"events": [event_to_dict(e) for e in shifted]}))
     log = (work / "controller.log").open("w")
     controller = start_tidal(
@@ -109,23 +108,6 @@ def run_demo(args: argparse.Namespace) -> int:
     finally:
         _stop(controller)
     return 0
-
-
-def shift_events(
-    events: tuple[Event, ...], origin_s: float, start_at: float, time_scale: float
-) -> list[Event]:
-    """Events of a trace starting at `origin_s`, on the clock of a replay that starts at
-    `start_at` and runs `time_scale` times faster."""
-    return [
-        replace(
-            e,
-            start_s=start_at + (e.start_s - origin_s) / time_scale,
-            end_s=start_at + (e.end_s - origin_s) / time_scale,
-            ramp_up_s=e.ramp_up_s / time_scale,
-            ramp_down_s=e.ramp_down_s / time_scale,
-        )
-        for e in events
-    ]
 
 
 def run_tidal(*argv: str, quiet: bool = False) -> None:

@@ -13,7 +13,6 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from pathlib import Path
 
 from tqdm import tqdm
@@ -24,7 +23,7 @@ from adaptive.latency import LatencyModel, parse_latency_model
 from adaptive.optimizer import PerformanceTable
 from adaptive.specs import PolicyContext, build_policy, parse_policy_spec
 from adaptive.units import parse_duration_s
-from forecaster.events import Event, load_events
+from forecaster.events import Event, load_events, rescale_events
 from forecaster.series import RateSeries, epoch_seconds, series_from_trace
 from simulations.calibration import performance_table
 from simulations.engine import PoolSettings, Routing
@@ -226,18 +225,7 @@ def _events(args: argparse.Namespace, origin_s: float) -> tuple[Event, ...]:
     """Declared events, with times compressed like the trace's under --time-scale."""
     if args.events is None:
         return ()
-    events = load_events(args.events)
-    k = args.time_scale
-    return tuple(
-        replace(
-            e,
-            start_s=origin_s + (e.start_s - origin_s) / k,
-            end_s=origin_s + (e.end_s - origin_s) / k,
-            ramp_up_s=e.ramp_up_s / k,
-            ramp_down_s=e.ramp_down_s / k,
-        )
-        for e in events
-    )
+    return rescale_events(load_events(args.events), origin_s, args.time_scale)
 
 
 GUARD_KEYS = {

@@ -1,6 +1,7 @@
 """The live control loop on Redis: workers follow its decisions; a standby takes over."""
 
 import asyncio
+import contextlib
 import time
 
 from redis_server import RedisProcess
@@ -32,28 +33,37 @@ async def keep_busy(batchers, stop: asyncio.Event):
         i += 1
 
 
+@contextlib.asynccontextmanager
+async def busy_pool(bus):
+    """Two workers on the bus under steady load; on exit, load stops and they drain."""
+    workers = [await worker(bus, f"w{i}") for i in range(2)]
+    stop = asyncio.Event()
+    load = [asyncio.create_task(keep_busy([b for b, _ in workers], stop))]
+    try:
+        yield [b for b, _ in workers]
+    finally:
+        stop.set()
+        await asyncio.gather(*load)
+        for batcher, link in workers:
+            await link.stop()
+            await batcher.drain()
+
+
 def test_workers_follow_the_leaders_decisions_over_redis():
     server = RedisProcess()
     server.start()
 
     async def scenario():
         bus = RedisBus(connect(server.url))
-        workers = [await worker(bus, f"w{i}") for i in range(2)]
-        loop = control_loop(bus, "c1")
-        running = asyncio.create_task(loop.run())
-        stop = asyncio.Event()
-        background = [asyncio.create_task(keep_busy([b for b, _ in workers], stop))]
-        await until(lambda: loop.controller.config_changes >= 2, timeout_s=10)
-        await asyncio.sleep(0.2)
-        stop.set()
-        await asyncio.gather(*background)
-        await cancel_and_wait(running)
-        stored = await bus.current_config("pool")
-        decisions = await bus.decisions("pool", count=100)
-        for batcher, link in workers:
-            await link.stop()
-            await batcher.drain()
-        return loop, stored, [b.version for b, _ in workers], decisions
+        async with busy_pool(bus) as batchers:
+            loop = control_loop(bus, "c1")
+            running = asyncio.create_task(loop.run())
+            await until(lambda: loop.controller.config_changes >= 2, timeout_s=10)
+            await asyncio.sleep(0.2)
+            await cancel_and_wait(running)
+            stored = await bus.current_config("pool")
+            decisions = await bus.decisions("pool", count=100)
+            return loop, stored, [b.version for b in batchers], decisions
 
     try:
         loop, stored, worker_versions, decisions = asyncio.run(scenario())
@@ -132,28 +142,21 @@ def test_a_new_leader_on_a_redis_that_lost_its_data_publishes_above_what_workers
 
     async def scenario():
         bus = RedisBus(connect(server.url))
-        workers = [await worker(bus, f"w{i}") for i in range(2)]
-        first = control_loop(bus, "c1")
-        running = asyncio.create_task(first.run())
-        stop = asyncio.Event()
-        background = [asyncio.create_task(keep_busy([b for b, _ in workers], stop))]
-        await until(lambda: first.controller.config_changes >= 2, timeout_s=10)
-        await until(lambda: all(b.version == first.controller.version for b, _ in workers))
-        before = first.controller.version
-        await cancel_and_wait(running)
-        await bus.client.flushall()  # Redis restarted empty: no config, no lease
-        second = control_loop(bus, "c2")  # a fresh controller: its own version is 1
-        running = asyncio.create_task(second.run())
-        await until(lambda: second.state.leader and second.state.published_version > 0)
-        await until(lambda: all(b.version == second.state.published_version for b, _ in workers))
-        stored = await bus.current_config("pool")
-        stop.set()
-        await asyncio.gather(*background)
-        await cancel_and_wait(running)
-        for batcher, link in workers:
-            await link.stop()
-            await batcher.drain()
-        return before, stored.version
+        async with busy_pool(bus) as batchers:
+            first = control_loop(bus, "c1")
+            running = asyncio.create_task(first.run())
+            await until(lambda: first.controller.config_changes >= 2, timeout_s=10)
+            await until(lambda: all(b.version == first.controller.version for b in batchers))
+            before = first.controller.version
+            await cancel_and_wait(running)
+            await bus.client.flushall()  # Redis restarted empty: no config, no lease
+            second = control_loop(bus, "c2")  # a fresh controller: its own version is 1
+            running = asyncio.create_task(second.run())
+            await until(lambda: second.state.leader and second.state.published_version > 0)
+            await until(lambda: all(b.version == second.state.published_version for b in batchers))
+            stored = await bus.current_config("pool")
+            await cancel_and_wait(running)
+            return before, stored.version
 
     try:
         before, after = asyncio.run(scenario())
