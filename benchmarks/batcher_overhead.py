@@ -24,7 +24,7 @@ import numpy as np
 
 from adaptive.batcher import Batcher
 from adaptive.config import BatchConfig
-from server.batching import DynamicBatcher
+from server.worker.batching import DynamicBatcher
 
 CONFIG = BatchConfig(32, 0.002)
 

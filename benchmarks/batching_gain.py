@@ -24,8 +24,8 @@ import time
 import httpx
 import numpy as np
 
-from server.loadgen import encode_payloads, replay, summarise
-from server.models import load_model
+from server.tools.loadgen import encode_payloads, replay, summarise
+from server.worker.models import load_model
 
 CONFIGS = {"off": "max_batch=1,timeout=0ms", "on": "max_batch=32,timeout=5ms"}
 RATES = (50, 100, 150, 200, 250, 300, 400, 500, 650, 800)

@@ -48,12 +48,12 @@ from adaptive.histogram import LatencyHistogram
 from adaptive.latency import parse_latency_model
 from adaptive.optimizer import PerformanceTable
 from adaptive.specs import PolicyContext, build_policy
-from server.batching import DynamicBatcher
+from server.bus.redis_bus import RedisBus, connect
 from server.clock import WallClock
-from server.control_loop import ControlLoop
-from server.redis_bus import RedisBus, connect
-from server.reporter import apply_if_newer
-from server.worker_link import WorkerLink
+from server.control.loop import ControlLoop
+from server.worker.batching import DynamicBatcher
+from server.worker.link import WorkerLink
+from server.worker.reporter import apply_if_newer
 from simulations.calibration import performance_table
 from simulations.engine import Routing
 
@@ -95,7 +95,7 @@ def redis_process(*extra: str):
 
 def processes() -> mp.context.BaseContext:
     """Fork: a spawned child re-imports this module (torch and statsmodels come with
-    `server.batching` and the forecasters), 4-6 s a process; a forked one starts at once.
+    `server.worker.batching` and the forecasters), 4-6 s a process; a forked one starts at once.
     Nothing runs in this process when it forks (no event loop, no Python threads)."""
     return mp.get_context("fork")
 
@@ -235,7 +235,7 @@ class TickRun:
 
 
 def table_for(workers: int) -> Callable[[float], PerformanceTable]:
-    """The optimiser's table as `server.control_plane.PoolControl` builds it (no warm-up,
+    """The optimiser's table as `server.control.plane.PoolControl` builds it (no warm-up,
     so batches are not padded; round-robin routing, the live default)."""
     return lambda slo_s: performance_table(LATENCY, workers, slo_s, False, Routing.ROUND_ROBIN)
 

@@ -30,7 +30,7 @@ import numpy as np
 
 from forecaster.events import event_to_dict, load_events, rescale_events
 from forecaster.series import epoch_seconds
-from server.demo import run_tidal, start_tidal, wait_ready
+from server.tools.demo import run_tidal, start_tidal, wait_ready
 from simulations.traces import load_trace
 
 TRACE = Path("examples/promo_day.csv")

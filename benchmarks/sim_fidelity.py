@@ -26,8 +26,8 @@ import numpy as np
 from adaptive.latency import parse_latency_model
 from adaptive.specs import PolicyContext, build_policy
 from server.cli import main as tidal
-from server.loadgen import arrival_times, encode_payloads, replay
-from server.models import load_model
+from server.tools.loadgen import arrival_times, encode_payloads, replay
+from server.worker.models import load_model
 from simulations.engine import PoolSettings
 from simulations.run import SimulationSettings, simulate
 from simulations.traces import load_trace

@@ -11,7 +11,10 @@ import sys
 from collections.abc import Sequence
 
 from forecaster import cli as forecast_cli
-from server import controller_cli, demo, loadgen, profile_cli, worker_cli
+from server.control import cli as controller_cli
+from server.tools import demo, loadgen
+from server.tools import profile as profile_cli
+from server.worker import cli as worker_cli
 from simulations import trace_cli
 from simulations.cli import run_reporting_errors
 

@@ -11,9 +11,9 @@ from adaptive.bus import InMemoryBus
 from adaptive.controller import Controller, ControllerSettings
 from adaptive.guards import Guardrails
 from adaptive.specs import PolicyContext, build_policy
+from server.bus.redis_bus import RedisBus, connect
 from server.clock import WallClock
-from server.control_loop import ControlLoop
-from server.redis_bus import RedisBus, connect
+from server.control.loop import ControlLoop
 from server.tasks import cancel_and_wait
 
 

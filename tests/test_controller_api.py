@@ -13,11 +13,11 @@ from redis_server import redis_server
 
 from adaptive.bus import WorkerStats
 from adaptive.latency import parse_latency_model
-from server.control_plane import PoolControl, PoolPlan
-from server.controller_app import create_app
-from server.controller_metrics import ControllerMetrics
-from server.pool_bus import LocalPoolBus
-from server.redis_bus import RedisBus, connect
+from server.bus.local import LocalPoolBus
+from server.bus.redis_bus import RedisBus, connect
+from server.control.app import create_app
+from server.control.metrics import ControllerMetrics
+from server.control.plane import PoolControl, PoolPlan
 
 TOKEN = "s3cret"
 AUTH = {"authorization": f"Bearer {TOKEN}"}

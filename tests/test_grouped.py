@@ -9,8 +9,8 @@ from test_worker_batcher import EchoRunner
 
 from adaptive.config import BatchConfig
 from adaptive.grouped import GroupedBatcher
-from server.batching import DynamicBatcher
-from server.models import load_model
+from server.worker.batching import DynamicBatcher
+from server.worker.models import load_model
 
 
 def test_each_group_follows_the_rule_on_its_own():

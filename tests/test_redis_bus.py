@@ -8,7 +8,7 @@ from redis_server import redis_server
 
 from adaptive.bus import VersionedConfig, WorkerStats
 from adaptive.config import BatchConfig
-from server.redis_bus import RedisBus, connect
+from server.bus.redis_bus import RedisBus, connect
 
 
 @pytest.fixture(scope="module")
@@ -64,9 +64,9 @@ def test_worker_stats_round_trip_and_per_second_arrivals(url):
         await bus.publish_worker_stats("pool", stats("a", 40), at_s=1000.2)
         await bus.publish_worker_stats("pool", stats("b", 60), at_s=1000.7)
         await bus.publish_worker_stats("pool", stats("a", 8), at_s=1001.1)
-        first, cursor = await bus.read_worker_stats("pool")
+        first, cursor, _ = await bus.read_worker_stats("pool")
         await bus.publish_worker_stats("pool", stats("b", 1), at_s=1002.0)
-        later, _ = await bus.read_worker_stats("pool", cursor)
+        later, _, _ = await bus.read_worker_stats("pool", cursor)
         await bus.publish_worker_stats("pool", stats("a", 5), at_s=3599.9)  # hours 0 and 1
         await bus.publish_worker_stats("pool", stats("a", 7), at_s=3600.0)
         ttl_s = await bus.client.ttl("t2:pool:arrivals:1")

@@ -6,8 +6,8 @@ import time
 import pytest
 
 from adaptive.config import BatchConfig
-from server.batching import DeadlineExceeded, DynamicBatcher, QueueFull
-from server.runner import OutOfMemory
+from server.worker.batching import DeadlineExceeded, DynamicBatcher, QueueFull
+from server.worker.runner import OutOfMemory
 
 
 class EchoRunner:
@@ -132,8 +132,8 @@ def test_raising_the_cap_serves_the_old_cap_until_warm():
 def test_compiled_buckets_warm_slowly_once_and_answer_like_eager():
     import torch
 
-    from server.models import load_model
-    from server.runner import TorchRunner
+    from server.worker.models import load_model
+    from server.worker.runner import TorchRunner
 
     model = load_model("demo-cnn")
     eager = TorchRunner(model)
@@ -151,8 +151,8 @@ def test_torchscript_files_and_user_factories_load_and_run(tmp_path):
     import torch
 
     from adaptive.errors import InvalidInput
-    from server.models import load_model
-    from server.runner import TorchRunner
+    from server.worker.models import load_model
+    from server.worker.runner import TorchRunner
 
     factory = load_model("tests.fixtures.user_model:build")
     expected = factory.module(torch.ones(2, 4)).tolist()

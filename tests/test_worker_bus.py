@@ -11,9 +11,9 @@ from adaptive.controller import Controller, ControllerSettings
 from adaptive.guards import Guardrails
 from adaptive.histogram import BUCKET_LOWER_S, NUM_BUCKETS
 from adaptive.specs import PolicyContext, build_policy
-from server.batching import DynamicBatcher
 from server.clock import WallClock
-from server.reporter import StatsReporter
+from server.worker.batching import DynamicBatcher
+from server.worker.reporter import StatsReporter
 
 
 def bucket_of(seconds: float) -> int:

@@ -13,7 +13,7 @@ import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
-from server.models import load_model
+from server.worker.models import load_model
 
 
 def free_port() -> int:

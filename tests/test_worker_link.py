@@ -8,9 +8,9 @@ from test_worker_batcher import EchoRunner
 
 from adaptive.bus import VersionedConfig
 from adaptive.config import BatchConfig
-from server.batching import DynamicBatcher
-from server.redis_bus import RedisBus, connect
-from server.worker_link import WorkerLink
+from server.bus.redis_bus import RedisBus, connect
+from server.worker.batching import DynamicBatcher
+from server.worker.link import WorkerLink
 
 
 async def worker(bus, name):
@@ -77,7 +77,7 @@ def test_workers_keep_serving_when_redis_stops_and_resynchronise_when_it_returns
         await until(lambda: batcher.version == 7)
         await link.stop()
         await batcher.drain()
-        stored, _ = await bus.read_worker_stats("pool")
+        stored, _, _ = await bus.read_worker_stats("pool")
         return first + during, stored
 
     try:

@@ -16,12 +16,12 @@ import uvicorn
 
 from adaptive.errors import InvalidInput
 from adaptive.specs import PolicyContext, build_policy
-from server.batching import DynamicBatcher
-from server.models import load_model
-from server.redis_bus import RedisBus, connect
-from server.runner import TorchRunner
-from server.worker_app import create_app
-from server.worker_link import WorkerLink
+from server.bus.redis_bus import RedisBus, connect
+from server.worker.app import create_app
+from server.worker.batching import DynamicBatcher
+from server.worker.link import WorkerLink
+from server.worker.models import load_model
+from server.worker.runner import TorchRunner
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

@@ -19,10 +19,10 @@ from collections import deque
 from redis.exceptions import RedisError
 
 from adaptive.bus import WorkerStats
-from server.batching import DynamicBatcher
-from server.pool_bus import PoolBus
-from server.reporter import StatsCollector, apply_if_newer
+from server.bus.protocols import PoolBus
 from server.tasks import cancel_and_wait
+from server.worker.batching import DynamicBatcher
+from server.worker.reporter import StatsCollector, apply_if_newer
 
 log = logging.getLogger("tidal.worker")
 

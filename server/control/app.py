@@ -31,8 +31,8 @@ from adaptive.errors import InvalidInput
 from adaptive.units import parse_duration_s
 from forecaster.events import event_to_dict, events_from_document
 from forecaster.series import epoch_seconds
-from server.control_plane import InsufficientHistory, PoolControl
-from server.controller_metrics import ControllerMetrics
+from server.control.metrics import ControllerMetrics
+from server.control.plane import InsufficientHistory, PoolControl
 from server.http_errors import ApiError, install_error_handlers
 
 

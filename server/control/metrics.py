@@ -13,8 +13,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from adaptive.decisions import DecisionRecord, Mode
-from server.control_loop import ControlLoop
-from server.control_plane import PoolControl
+from server.control.loop import ControlLoop
+from server.control.plane import PoolControl
 
 TICK_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
 

@@ -28,7 +28,7 @@ from adaptive.config import BatchConfig
 from adaptive.errors import TidalError
 from adaptive.grouped import GroupedBatcher
 from adaptive.warmup import bucket_for, buckets_through
-from server.runner import ModelRunner, OutOfMemory
+from server.worker.runner import ModelRunner, OutOfMemory
 
 SPIN_S = 0.0015
 """Within this much of a deadline the loop yields instead of sleeping (see _sleep_until)."""

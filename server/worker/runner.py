@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import torch
 
-from server.models import ServedModel
+from server.worker.models import ServedModel
 
 
 class ModelRunner(Protocol):

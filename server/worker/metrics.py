@@ -12,7 +12,7 @@ import time
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from server.batching import DynamicBatcher, Served
+from server.worker.batching import DynamicBatcher, Served
 
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 BATCH_BUCKETS = tuple(float(1 << i) for i in range(11))

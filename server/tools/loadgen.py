@@ -26,7 +26,7 @@ import numpy as np
 
 from adaptive.errors import InvalidInput
 from adaptive.units import parse_duration_s
-from server.models import load_model
+from server.worker.models import load_model
 from simulations.traces import load_trace
 
 PAYLOADS = 64

@@ -25,17 +25,18 @@ from prometheus_client import CollectorRegistry
 from adaptive.errors import InvalidInput
 from adaptive.latency import parse_latency_model
 from forecaster.events import load_events
-from server.batching import DynamicBatcher
-from server.control_plane import PoolControl, PoolPlan
-from server.controller_app import create_app
-from server.controller_metrics import ControllerMetrics
-from server.models import load_model
-from server.pool_bus import LocalPoolBus, PoolBus
-from server.redis_bus import RedisBus, connect
-from server.runner import TorchRunner
+from server.bus.local import LocalPoolBus
+from server.bus.protocols import PoolBus
+from server.bus.redis_bus import RedisBus, connect
+from server.control.app import create_app
+from server.control.metrics import ControllerMetrics
+from server.control.plane import PoolControl, PoolPlan
 from server.tasks import cancel_and_wait
-from server.worker_app import create_app as create_worker_app
-from server.worker_link import WorkerLink
+from server.worker.app import create_app as create_worker_app
+from server.worker.batching import DynamicBatcher
+from server.worker.link import WorkerLink
+from server.worker.models import load_model
+from server.worker.runner import TorchRunner
 from simulations.cli import (
     DEFAULT_LATENCY_MODEL,
     duration_arg,
@@ -184,7 +185,7 @@ def run_controller(args: argparse.Namespace) -> int:
 
 
 def _local_worker(args: argparse.Namespace, bus: PoolBus, index: int):
-    from server.worker_cli import parse_config
+    from server.worker.cli import parse_config
 
     model = load_model(args.model)
     batcher = DynamicBatcher(TorchRunner(model, "cpu"), parse_config(args.worker_config))

@@ -33,9 +33,9 @@ from adaptive.latency import LatencyModel
 from adaptive.policy import Policy
 from adaptive.specs import PolicyContext, build_policy
 from forecaster.events import Event, event_to_dict, events_from_document
+from server.bus.protocols import PoolBus
 from server.clock import WallClock
-from server.control_loop import ControlLoop, TickObserver
-from server.pool_bus import PoolBus
+from server.control.loop import ControlLoop, TickObserver
 from server.tasks import cancel_and_wait
 from simulations.calibration import performance_table
 from simulations.engine import PoolSettings, Routing

@@ -21,8 +21,8 @@ the hash when they (re)connect, so a missed notification is never a missed confi
 
 from __future__ import annotations
 
-import dataclasses
 import json
+import logging
 import time
 from typing import Any
 
@@ -30,6 +30,9 @@ import redis.asyncio as redis
 
 from adaptive.bus import VersionedConfig, WorkerStats
 from adaptive.config import BatchConfig
+from server.bus.wire import MalformedStats, decode_stats, encode_stats
+
+log = logging.getLogger("tidal.bus")
 
 _SET_IF_NEWER = """
 local current = tonumber(redis.call('HGET', KEYS[1], 'version') or '0')
@@ -54,7 +57,7 @@ def connect(url: str) -> redis.Redis:
 
 
 class RedisBus:
-    """`server.pool_bus.PoolBus` on Redis; one per process, shared by its tasks."""
+    """`server.bus.local.PoolBus` on Redis; one per process, shared by its tasks."""
 
     def __init__(
         self,
@@ -112,7 +115,7 @@ class RedisBus:
         async with self.client.pipeline(transaction=False) as pipe:
             pipe.xadd(
                 self.key(pool, "stats"),
-                {"stats": json.dumps(dataclasses.asdict(stats))},
+                {"stats": encode_stats(stats)},
                 maxlen=self.stats_maxlen,
                 approximate=True,
             )
@@ -126,14 +129,19 @@ class RedisBus:
     async def read_worker_stats(
         self, pool: str, after: str = "0-0"
     ) -> tuple[list[WorkerStats], str]:
-        """Stats entries after stream id `after`, and the id to read after next time."""
+        """Stats entries after stream id `after` that parse, the id to read after next
+        time, and how many entries were skipped as malformed."""
         entries = await self.client.xread({self.key(pool, "stats"): after}, count=10_000)
-        stats, last = [], after
+        stats, last, malformed = [], after, 0
         for _stream, items in entries:
             for entry_id, fields in items:
-                stats.append(_worker_stats(json.loads(fields["stats"])))
-                last = entry_id
-        return stats, last
+                last = entry_id  # past it whatever it holds: a bad entry is read once
+                try:
+                    stats.append(decode_stats(fields.get("stats")))
+                except MalformedStats as error:
+                    malformed += 1
+                    log.warning("%s: skipping stats entry %s: %s", pool, entry_id, error)
+        return stats, last, malformed
 
     async def last_stats_id(self, pool: str) -> str:
         """The id of the newest stats entry ("0-0" if none): read after it for news only."""
@@ -214,10 +222,3 @@ class RedisBus:
     async def load_settings(self, pool: str) -> dict[str, Any]:
         fields = await self.client.hgetall(self.key(pool, "settings"))
         return {name: json.loads(value) for name, value in fields.items()}
-
-
-def _worker_stats(fields: dict[str, Any]) -> WorkerStats:
-    for name in ("latency_buckets", "batch_sizes"):
-        fields[name] = tuple(tuple(pair) for pair in fields[name])
-    fields["warmed_buckets"] = tuple(fields["warmed_buckets"])
-    return WorkerStats(**fields)

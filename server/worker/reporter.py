@@ -6,7 +6,7 @@ depth, warmed buckets, the config version in force). `StatsReporter` publishes t
 an in-process `Bus` and applies the pool's config when its version is newer than the
 one running, so a missed or repeated message never moves a worker backwards; it reads
 the config on its first tick too, so a worker that (re)joins picks up the pool's config.
-(`server/worker_link.py` does the same over Redis.)
+(`server/worker/link.py` does the same over Redis.)
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import numpy as np
 
 from adaptive.bus import Bus, VersionedConfig, WorkerStats
 from adaptive.histogram import LatencyHistogram
-from server.batching import DynamicBatcher
+from server.worker.batching import DynamicBatcher
 
 
 class StatsCollector:

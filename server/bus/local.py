@@ -1,12 +1,6 @@
-"""The live bus seam: what the control loop, the worker links and the API need of a bus.
-
-`PoolBus` is the asyncio face of the bus between a pool's workers and its controllers:
-versioned configs with change notices, worker stats, heartbeats, per-second traffic
-history, the decision log, the leader lease and the operator's settings (policy,
-override, events). `server.redis_bus.RedisBus` implements it across machines;
-`LocalPoolBus` implements it inside one process (`tidal controller --redis none`,
-`tidal demo`), with the same semantics: a config is kept only if newer, heartbeats
-expire, streams are capped.
+"""`LocalPoolBus`: the live bus inside one process (`tidal controller --redis none`,
+`tidal demo`, tests), with the semantics of `server.bus.redis_bus.RedisBus`: a config is
+kept only if newer, heartbeats expire, streams are capped (`server.bus.protocols`).
 """
 
 from __future__ import annotations
@@ -16,61 +10,9 @@ import itertools
 import time
 from collections import deque
 from collections.abc import AsyncIterator
-from typing import Any, Protocol
+from typing import Any
 
 from adaptive.bus import VersionedConfig, WorkerStats
-
-
-class ConfigNotices(Protocol):
-    """A subscription to one pool's config changes (a Redis pub/sub handle)."""
-
-    def listen(self) -> AsyncIterator[Any]: ...
-
-    async def aclose(self) -> None: ...
-
-
-class PoolBus(Protocol):
-    async def publish_config(self, pool: str, config: VersionedConfig) -> bool: ...
-
-    async def current_config(self, pool: str) -> VersionedConfig | None: ...
-
-    async def subscribe_configs(self, pool: str) -> ConfigNotices: ...
-
-    async def publish_worker_stats(
-        self, pool: str, stats: WorkerStats, at_s: float | None = None
-    ) -> None: ...
-
-    async def read_worker_stats(
-        self, pool: str, after: str = "0-0"
-    ) -> tuple[list[WorkerStats], str]: ...
-
-    async def last_stats_id(self, pool: str) -> str: ...
-
-    async def arrivals_per_second(
-        self, pool: str, since_s: int, until_s: int
-    ) -> dict[int, int]: ...
-
-    async def trim_history(self, pool: str, now_s: int) -> int: ...
-
-    async def heartbeat(
-        self, pool: str, worker: str, info: dict[str, Any], ttl_s: float
-    ) -> None: ...
-
-    async def workers_alive(self, pool: str) -> dict[str, dict[str, Any]]: ...
-
-    async def record_decision(self, pool: str, record: dict[str, Any]) -> str: ...
-
-    async def decisions(self, pool: str, count: int = 100) -> list[dict[str, Any]]: ...
-
-    async def acquire_or_renew_lease(self, pool: str, holder: str, ttl_s: float) -> bool: ...
-
-    async def leader(self, pool: str) -> str | None: ...
-
-    async def save_setting(self, pool: str, name: str, value: Any) -> None:
-        """Persist an operator setting (JSON-able); None deletes it."""
-        ...
-
-    async def load_settings(self, pool: str) -> dict[str, Any]: ...
 
 
 class _LocalNotices:
@@ -143,10 +85,10 @@ class LocalPoolBus:
 
     async def read_worker_stats(
         self, pool: str, after: str = "0-0"
-    ) -> tuple[list[WorkerStats], str]:
+    ) -> tuple[list[WorkerStats], str, int]:
         seen = int(after.split("-")[0])
         fresh = [(i, s) for i, s in self._pool(pool).stats if i > seen]
-        return [s for _, s in fresh], (f"{fresh[-1][0]}-0" if fresh else after)
+        return [s for _, s in fresh], (f"{fresh[-1][0]}-0" if fresh else after), 0
 
     async def last_stats_id(self, pool: str) -> str:
         stats = self._pool(pool).stats

@@ -23,8 +23,8 @@ import torch
 from adaptive.errors import InvalidInput
 from adaptive.latency import parse_latency_model
 from adaptive.units import parse_size_bytes
-from server.models import ServedModel, load_model
-from server.runner import TorchRunner
+from server.worker.models import ServedModel, load_model
+from server.worker.runner import TorchRunner
 
 DEFAULT_SIZES = "1,2,4,8,16,32,64,128"
 

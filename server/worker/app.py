@@ -25,12 +25,12 @@ from pydantic import BaseModel, Field, ValidationError
 
 from adaptive.config import BatchConfig
 from adaptive.errors import InvalidInput
-from server.batching import DeadlineExceeded, DynamicBatcher, QueueFull, ShuttingDown
 from server.http_errors import error_response, first_invalid, install_error_handlers
-from server.models import ServedModel
-from server.reporter import StatsReporter
-from server.worker_link import WorkerLink
-from server.worker_metrics import WorkerMetrics
+from server.worker.batching import DeadlineExceeded, DynamicBatcher, QueueFull, ShuttingDown
+from server.worker.link import WorkerLink
+from server.worker.metrics import WorkerMetrics
+from server.worker.models import ServedModel
+from server.worker.reporter import StatsReporter
 
 
 class InferRequest(BaseModel):

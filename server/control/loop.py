@@ -23,7 +23,7 @@ from redis.exceptions import RedisError
 from adaptive.bus import VersionedConfig, WorkerStats, pool_stats
 from adaptive.controller import Controller
 from adaptive.decisions import DecisionRecord
-from server.pool_bus import PoolBus
+from server.bus.protocols import PoolBus
 
 log = logging.getLogger("tidal.controller")
 
@@ -100,7 +100,7 @@ class ControlLoop:
         await self._elect()
         if self._cursor == "$":
             self._cursor = await self.bus.last_stats_id(self.pool)
-        reports, self._cursor = await self.bus.read_worker_stats(self.pool, self._cursor)
+        reports, self._cursor, _bad = await self.bus.read_worker_stats(self.pool, self._cursor)
         alive = await self.bus.workers_alive(self.pool)
         self.state.workers_alive = len(alive)
         self._seen_version = max(

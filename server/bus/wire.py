@@ -1,0 +1,65 @@
+"""The wire format of a worker's stats entry: versioned JSON that old and new readers share.
+
+An entry is `{"schema": N, ...fields of WorkerStats}`. Readers take the fields they know
+and ignore the rest, so a rolling upgrade that adds a field never stops an older
+controller; an entry that lacks a field this reader needs, or carries a value of the
+wrong kind, is refused with `MalformedStats` naming the field, and the reader skips it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from adaptive.bus import WorkerStats
+from adaptive.errors import TidalError
+
+SCHEMA = 1
+"""Bumped when a field changes meaning; adding a field keeps the schema."""
+
+_FIELDS = {f.name for f in dataclasses.fields(WorkerStats)}
+_PAIRS = ("latency_buckets", "batch_sizes")
+
+
+class MalformedStats(TidalError):
+    """A stats entry this reader cannot use; the message names the field."""
+
+
+def encode_stats(stats: WorkerStats) -> str:
+    return json.dumps({"schema": SCHEMA, **dataclasses.asdict(stats)})
+
+
+def decode_stats(text: str) -> WorkerStats:
+    """The `WorkerStats` in one entry; unknown fields are ignored."""
+    try:
+        fields = json.loads(text)
+    except (TypeError, ValueError) as error:
+        raise MalformedStats(f"not JSON: {error}") from None
+    if not isinstance(fields, dict):
+        raise MalformedStats(f"not an object: {type(fields).__name__}")
+    missing = sorted(_FIELDS - set(fields))
+    if missing:
+        raise MalformedStats(f"missing field {missing[0]!r}")
+    known: dict[str, Any] = {name: fields[name] for name in _FIELDS}
+    try:
+        for name in _PAIRS:
+            known[name] = tuple((int(a), int(b)) for a, b in known[name])
+        known["warmed_buckets"] = tuple(int(b) for b in known["warmed_buckets"])
+        return _checked(WorkerStats(**known))
+    except (TypeError, ValueError) as error:
+        raise MalformedStats(f"bad value: {error}") from None
+
+
+def _checked(stats: WorkerStats) -> WorkerStats:
+    for name in ("arrivals", "completed", "shed", "queue_depth", "max_batch_size"):
+        value = getattr(stats, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise MalformedStats(f"field {name!r} must be an integer >= 0, got {value!r}")
+    for name in ("window_s", "busy_s", "latency_sum_s"):
+        value = getattr(stats, name)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+            raise MalformedStats(f"field {name!r} must be a number >= 0, got {value!r}")
+    if not isinstance(stats.worker, str) or not stats.worker:
+        raise MalformedStats(f"field 'worker' must be a non-empty string, got {stats.worker!r}")
+    return stats

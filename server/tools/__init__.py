@@ -1,0 +1,1 @@
+"""Operator tools around the live side: `tidal profile`, `tidal loadgen`, `tidal demo`."""
