@@ -16,9 +16,9 @@ import math
 from dataclasses import dataclass, field
 
 from adaptive.config import BatchConfig
-from adaptive.errors import InvalidInput
 from adaptive.policy import Decision, Snapshot
-from adaptive.units import format_duration
+from tidal_base.errors import InvalidInput
+from tidal_base.units import format_duration
 
 
 @dataclass

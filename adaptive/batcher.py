@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from adaptive.config import BatchConfig
-from adaptive.errors import InvalidInput
+from tidal_base.errors import InvalidInput
 
 Item = TypeVar("Item")
 

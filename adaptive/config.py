@@ -3,8 +3,8 @@
 import math
 from dataclasses import dataclass
 
-from adaptive.errors import InvalidInput
-from adaptive.units import format_duration
+from tidal_base.errors import InvalidInput
+from tidal_base.units import format_duration
 
 
 @dataclass(frozen=True, slots=True)

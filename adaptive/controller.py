@@ -24,13 +24,13 @@ from adaptive.bus import Bus, PoolStats, VersionedConfig
 from adaptive.clock import Clock
 from adaptive.config import BatchConfig
 from adaptive.decisions import DecisionRecord, ForecastUsed, Mode, ShadowDecision
-from adaptive.errors import InvalidInput
 from adaptive.forecast_feed import ForecastFeed
 from adaptive.guards import Guard, Guardrails
 from adaptive.policy import Decision, ForecastingPolicy, Policy, Snapshot
 from adaptive.reactive import ReactivePolicy
 from forecaster.events import Event
 from forecaster.forecast import Forecast
+from tidal_base.errors import InvalidInput
 
 
 @dataclass(frozen=True, slots=True)

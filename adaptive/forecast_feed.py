@@ -19,12 +19,12 @@ from dataclasses import replace
 
 import numpy as np
 
-from adaptive.errors import InvalidInput
 from forecaster.events import Event, EventAware, FittedEventAware
 from forecaster.forecast import Forecast
 from forecaster.known import KnownFuture
 from forecaster.models import FittedForecaster, Forecaster, SeasonalNaive
 from forecaster.series import RateSeries
+from tidal_base.errors import InvalidInput
 
 
 class ForecastFeed:

@@ -15,7 +15,7 @@ from typing import Generic, TypeVar
 
 from adaptive.batcher import Batcher, Queued
 from adaptive.config import BatchConfig
-from adaptive.errors import InvalidInput
+from tidal_base.errors import InvalidInput
 
 Item = TypeVar("Item")
 

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 
 from adaptive.config import BatchConfig
-from adaptive.errors import InvalidInput
+from tidal_base.errors import InvalidInput
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,8 +22,8 @@ from typing import Protocol
 
 import numpy as np
 
-from adaptive.errors import InvalidInput
-from adaptive.units import parse_size_bytes
+from tidal_base.errors import InvalidInput
+from tidal_base.units import parse_size_bytes
 
 _Z99 = 2.3263478740408408  # standard normal quantile at 0.99
 

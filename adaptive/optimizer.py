@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from adaptive.config import BatchConfig
-from adaptive.errors import InvalidInput
+from tidal_base.errors import InvalidInput
 
 COST_TIE = 1.02
 """Costs within 2% count as equal; the lower mean latency wins."""

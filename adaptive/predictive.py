@@ -21,10 +21,10 @@ import numpy as np
 from adaptive.config import BatchConfig
 from adaptive.optimizer import Choice, ConfigOptimizer
 from adaptive.policy import Decision, Snapshot
-from adaptive.units import format_duration
 from adaptive.warmup import buckets_to_warm, warm_time_s
 from forecaster.forecast import Forecast
 from forecaster.models import Forecaster
+from tidal_base.units import format_duration
 
 
 @dataclass

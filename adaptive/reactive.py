@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from adaptive.config import BatchConfig
-from adaptive.errors import InvalidInput
 from adaptive.policy import Decision, Snapshot
+from tidal_base.errors import InvalidInput
 
 
 @dataclass

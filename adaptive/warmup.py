@@ -18,7 +18,7 @@ import functools
 import math
 from dataclasses import dataclass
 
-from adaptive.errors import InvalidInput
+from tidal_base.errors import InvalidInput
 
 
 def bucket_for(size: int) -> int:

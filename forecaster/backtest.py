@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from adaptive.errors import InvalidInput
 from forecaster.models import Forecaster
 from forecaster.series import RateSeries
+from tidal_base.errors import InvalidInput
 
 
 @dataclass(frozen=True)

@@ -17,11 +17,11 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from adaptive.errors import InvalidInput
-from adaptive.units import parse_duration_s
 from forecaster.forecast import Forecast
 from forecaster.models import Forecaster, StepClock
 from forecaster.series import RateSeries, epoch_seconds
+from tidal_base.errors import InvalidInput
+from tidal_base.units import parse_duration_s
 
 EVENT_UNCERTAINTY = 0.3
 """Relative uncertainty of an event's lift: the band spans +-30% of (multiplier - 1)."""

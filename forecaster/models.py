@@ -22,9 +22,9 @@ import numpy as np
 from statsmodels.tsa.holtwinters import ExponentialSmoothing
 from statsmodels.tsa.seasonal import MSTL
 
-from adaptive.errors import InvalidInput
 from forecaster.forecast import Forecast
 from forecaster.series import RateSeries, fill_gaps
+from tidal_base.errors import InvalidInput
 
 DAY_S = 86_400.0
 WEEK_S = 7 * DAY_S

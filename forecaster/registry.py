@@ -7,9 +7,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from adaptive.errors import InvalidInput
-from adaptive.specs import parse_policy_spec
-from adaptive.units import parse_duration_s
 from forecaster.forecast import Forecast
 from forecaster.models import (
     DAY_S,
@@ -21,13 +18,16 @@ from forecaster.models import (
     SeasonalNaive,
 )
 from forecaster.series import RateSeries
+from tidal_base.errors import InvalidInput
+from tidal_base.specs import parse_spec
+from tidal_base.units import parse_duration_s
 
 MODEL_NAMES = ("seasonal-naive", "holt", "holt-winters", "mstl", "auto")
 
 
 def build_forecaster(text: str) -> Forecaster:
     """A forecaster from its spec; errors name the spec and the option."""
-    spec = parse_policy_spec(text)  # the same NAME:KEY=VALUE grammar as policies
+    spec = parse_spec(text, kind="forecaster")  # the same NAME:KEY=VALUE grammar as policies
     options = dict(spec.options)
 
     def take_duration(key: str, default: float) -> float:

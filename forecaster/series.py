@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 
 import numpy as np
 
-from adaptive.errors import InvalidInput
+from tidal_base.errors import InvalidInput
 
 
 @dataclass(frozen=True)

@@ -10,12 +10,11 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from forecaster import cli as forecast_cli
 from server.control import cli as controller_cli
 from server.tools import demo, loadgen
 from server.tools import profile as profile_cli
 from server.worker import cli as worker_cli
-from simulations import trace_cli
+from simulations import forecast_cli, trace_cli
 from simulations.cli import run_reporting_errors
 
 

@@ -17,12 +17,10 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from adaptive.errors import InvalidInput, TidalError
 from adaptive.guards import Guardrails
 from adaptive.latency import LatencyModel, parse_latency_model
 from adaptive.optimizer import PerformanceTable
 from adaptive.specs import PolicyContext, build_policy, parse_policy_spec
-from adaptive.units import parse_duration_s
 from forecaster.events import Event, load_events, rescale_events
 from forecaster.series import RateSeries, epoch_seconds, series_from_trace
 from simulations.calibration import performance_table
@@ -31,6 +29,8 @@ from simulations.promo_day import PromoDaySpec, generate_promo_day
 from simulations.report import format_table, summary_dict, write_outputs
 from simulations.run import SimulationReport, SimulationSettings, simulate
 from simulations.traces import CountTrace, Trace, TraceFormat, load_trace
+from tidal_base.errors import InvalidInput, TidalError
+from tidal_base.units import parse_duration_s
 
 DEFAULT_POLICIES = (
     "static:max_batch=8,timeout=2ms",

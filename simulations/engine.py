@@ -13,7 +13,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from adaptive.config import BatchConfig
-from adaptive.errors import InvalidInput
 from adaptive.histogram import (
     BUCKET_LOWER_S,
     BUCKET_REPRESENTATIVES_S,
@@ -24,6 +23,7 @@ from adaptive.histogram import (
 from adaptive.latency import LatencyModel, max_feasible_batch
 from adaptive.warmup import WarmupStatus, WarmupTracker, bucket_for
 from simulations import kernel as k
+from tidal_base.errors import InvalidInput
 
 SAFETY_QUEUE_LIMIT = 5_000_000
 """Waiting requests per queue past which arrivals are shed even with no --max-queue,

@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 
 import numpy as np
 
-from adaptive.errors import InvalidInput
+from tidal_base.errors import InvalidInput
 
 DAY_S = 86_400
 

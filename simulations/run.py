@@ -20,7 +20,6 @@ from adaptive.bus import InMemoryBus, PoolStats
 from adaptive.clock import ManualClock
 from adaptive.controller import Controller, ControllerSettings
 from adaptive.decisions import DecisionRecord, Mode
-from adaptive.errors import InvalidInput
 from adaptive.guards import Guardrails
 from adaptive.histogram import NUM_BUCKETS, LatencyHistogram, LatencySummary
 from adaptive.latency import LatencyModel
@@ -30,6 +29,7 @@ from simulations.arrivals import ArrivalStream
 from simulations.engine import PoolSettings, SimulatedPool, TickStats
 from simulations.timeline import TimelineBuilder, WindowRow
 from simulations.traces import Trace
+from tidal_base.errors import InvalidInput
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import yaml
 
-from adaptive.errors import InvalidInput
-from adaptive.units import format_duration
 from simulations.promo_day import PromoDay, PromoDaySpec, generate_promo_day
+from tidal_base.errors import InvalidInput
+from tidal_base.units import format_duration
 
 _DEFAULT = PromoDaySpec()
 

@@ -5,9 +5,9 @@ import pytest
 from helpers import run_engine
 
 from adaptive.config import BatchConfig
-from adaptive.errors import InvalidInput
 from adaptive.latency import LinearLatency
 from simulations.kernel import REC_BATCH, REC_COMPLETED_AT, REC_DISPATCHED_AT, REC_WORKER
+from tidal_base.errors import InvalidInput
 
 # 5 ms + 1 ms per request: a batch of 2 takes 7 ms.
 LATENCY = LinearLatency(0.005, 0.001)

@@ -11,7 +11,6 @@ from adaptive.clock import ManualClock
 from adaptive.config import BatchConfig
 from adaptive.controller import Controller, ControllerSettings, Override
 from adaptive.decisions import Mode
-from adaptive.errors import InvalidInput
 from adaptive.guards import Guard, Guardrails
 from adaptive.latency import LinearLatency
 from adaptive.policy import Observation
@@ -23,6 +22,7 @@ from simulations.cli import policy_context
 from simulations.engine import PoolSettings
 from simulations.run import SimulationSettings, simulate
 from simulations.traces import CountTrace
+from tidal_base.errors import InvalidInput
 
 LATENCY = LinearLatency(base_s=0.005, per_item_s=0.0004)
 

@@ -3,12 +3,12 @@ import json
 import numpy as np
 import pytest
 
-from adaptive.errors import InvalidInput
 from forecaster.events import Event, EventAware, load_events
 from forecaster.models import Holt, HoltWinters, MstlHolt, SeasonalNaive
 from forecaster.registry import build_forecaster
 from forecaster.series import RateSeries, resample_arrivals
 from server.cli import main as tidal
+from tidal_base.errors import InvalidInput
 
 HOUR, DAY = 3600.0, 86400.0
 

@@ -3,8 +3,8 @@ import json
 import numpy as np
 import pytest
 
-from adaptive.errors import InvalidInput
 from adaptive.latency import LinearLatency, parse_latency_model
+from tidal_base.errors import InvalidInput
 
 
 def test_linear_spec_is_in_milliseconds():

@@ -150,9 +150,9 @@ def test_compiled_buckets_warm_slowly_once_and_answer_like_eager():
 def test_torchscript_files_and_user_factories_load_and_run(tmp_path):
     import torch
 
-    from adaptive.errors import InvalidInput
     from server.worker.models import load_model
     from server.worker.runner import TorchRunner
+    from tidal_base.errors import InvalidInput
 
     factory = load_model("tests.fixtures.user_model:build")
     expected = factory.module(torch.ones(2, 4)).tolist()

@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from adaptive.bus import WorkerStats
-from adaptive.errors import TidalError
+from tidal_base.errors import TidalError
 
 SCHEMA = 1
 """Bumped when a field changes meaning; adding a field keeps the schema."""

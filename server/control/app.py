@@ -27,13 +27,13 @@ from redis.exceptions import RedisError
 
 from adaptive.config import BatchConfig
 from adaptive.decisions import Mode, config_dict
-from adaptive.errors import InvalidInput
-from adaptive.units import parse_duration_s
 from forecaster.events import event_to_dict, events_from_document
 from forecaster.series import epoch_seconds
 from server.control.metrics import ControllerMetrics
 from server.control.plane import InsufficientHistory, PoolControl
 from server.http_errors import ApiError, install_error_handlers
+from tidal_base.errors import InvalidInput
+from tidal_base.units import parse_duration_s
 
 
 class PolicyRequest(BaseModel):

@@ -22,7 +22,6 @@ from pathlib import Path
 import uvicorn
 from prometheus_client import CollectorRegistry
 
-from adaptive.errors import InvalidInput
 from adaptive.latency import parse_latency_model
 from forecaster.events import load_events
 from server.bus.local import LocalPoolBus
@@ -44,6 +43,7 @@ from simulations.cli import (
     positive_int_arg,
 )
 from simulations.engine import Routing
+from tidal_base.errors import InvalidInput
 
 TOKEN_ENV = "TIDAL_API_TOKEN"
 

@@ -27,7 +27,6 @@ from adaptive.bus import InMemoryBus
 from adaptive.config import BatchConfig
 from adaptive.controller import Controller, ControllerSettings, Override
 from adaptive.decisions import config_dict
-from adaptive.errors import InvalidInput
 from adaptive.guards import Guardrails
 from adaptive.latency import LatencyModel
 from adaptive.policy import Policy
@@ -42,6 +41,7 @@ from simulations.engine import PoolSettings, Routing
 from simulations.report import policy_summary
 from simulations.run import SimulationSettings, simulate
 from simulations.traces import CountTrace
+from tidal_base.errors import InvalidInput
 
 log = logging.getLogger("tidal.controller")
 

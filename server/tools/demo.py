@@ -21,11 +21,11 @@ from pathlib import Path
 
 import httpx
 
-from adaptive.errors import InvalidInput
 from forecaster.events import event_to_dict, load_events, rescale_events
 from forecaster.series import epoch_seconds
 from simulations.cli import duration_arg, positive_float_arg
 from simulations.traces import load_trace
+from tidal_base.errors import InvalidInput
 
 DEFAULT_TRACE = Path("examples/promo_day.csv")
 POOL = "demo"

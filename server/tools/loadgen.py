@@ -24,10 +24,10 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from adaptive.errors import InvalidInput
-from adaptive.units import parse_duration_s
 from server.worker.models import load_model
 from simulations.traces import load_trace
+from tidal_base.errors import InvalidInput
+from tidal_base.units import parse_duration_s
 
 PAYLOADS = 64
 

@@ -20,11 +20,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from adaptive.errors import InvalidInput
 from adaptive.latency import parse_latency_model
-from adaptive.units import parse_size_bytes
 from server.worker.models import ServedModel, load_model
 from server.worker.runner import TorchRunner
+from tidal_base.errors import InvalidInput
+from tidal_base.units import parse_size_bytes
 
 DEFAULT_SIZES = "1,2,4,8,16,32,64,128"
 

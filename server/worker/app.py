@@ -24,13 +24,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from pydantic import BaseModel, Field, ValidationError
 
 from adaptive.config import BatchConfig
-from adaptive.errors import InvalidInput
 from server.http_errors import error_response, first_invalid, install_error_handlers
 from server.worker.batching import DeadlineExceeded, DynamicBatcher, QueueFull, ShuttingDown
 from server.worker.link import WorkerLink
 from server.worker.metrics import WorkerMetrics
 from server.worker.models import ServedModel
 from server.worker.reporter import StatsReporter
+from tidal_base.errors import InvalidInput
 
 
 class InferRequest(BaseModel):

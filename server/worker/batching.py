@@ -25,10 +25,10 @@ from typing import Any
 
 from adaptive.batcher import Batcher, Queued
 from adaptive.config import BatchConfig
-from adaptive.errors import TidalError
 from adaptive.grouped import GroupedBatcher
 from adaptive.warmup import bucket_for, buckets_through
 from server.worker.runner import ModelRunner, OutOfMemory
+from tidal_base.errors import TidalError
 
 SPIN_S = 0.0015
 """Within this much of a deadline the loop yields instead of sleeping (see _sleep_until)."""

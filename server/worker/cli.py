@@ -14,7 +14,6 @@ import signal
 
 import uvicorn
 
-from adaptive.errors import InvalidInput
 from adaptive.specs import PolicyContext, build_policy
 from server.bus.redis_bus import RedisBus, connect
 from server.worker.app import create_app
@@ -22,6 +21,7 @@ from server.worker.batching import DynamicBatcher
 from server.worker.link import WorkerLink
 from server.worker.models import load_model
 from server.worker.runner import TorchRunner
+from tidal_base.errors import InvalidInput
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from adaptive.errors import InvalidInput
+from tidal_base.errors import InvalidInput
 
 Collate = Callable[[Sequence[Any], int], tuple[Any, ...]]
 """(inputs, padded batch size) -> the model's positional arguments."""

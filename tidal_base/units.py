@@ -8,7 +8,7 @@ helpers convert at the command line, spec and file boundaries.
 import math
 import re
 
-from adaptive.errors import InvalidInput
+from tidal_base.errors import InvalidInput
 
 _DURATION_UNITS_S = {
     "ns": 1e-9,

@@ -11,13 +11,13 @@ import json
 import math
 from pathlib import Path
 
-from adaptive.errors import InvalidInput
-from adaptive.units import parse_duration_s
 from forecaster.backtest import BacktestResult, BacktestSettings, backtest
 from forecaster.events import EventAware, load_events
 from forecaster.registry import build_forecaster
 from forecaster.series import RateSeries, series_from_trace
 from simulations.traces import TraceFormat, load_trace
+from tidal_base.errors import InvalidInput
+from tidal_base.units import parse_duration_s
 
 DEFAULT_MODELS = ("seasonal-naive", "holt", "holt-winters", "mstl")
 BASELINE = "seasonal-naive"
