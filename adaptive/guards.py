@@ -7,12 +7,18 @@ apply only once every proposal for `dwell_s` seconds has wanted them, and then o
 far as the most cautious of those proposals (Kubernetes' HPA stabilises scale-down so):
 a policy that changes its mind every tick on a noisy load never reaches the workers.
 Timeout changes smaller than `hysteresis` (relative) are ignored. Delays are seconds, never ticks.
+
+The warm target (`BatchConfig.warm_target`, warm-ahead) is a knob of its own: raising it
+protects latency and applies at once, whatever the cap's step limit or dwell do; lowering
+it saves cost and waits for the dwell like a smaller cap. The operator's `max_batch`
+bounds it too (a bucket above the largest cap the pool may ever run would be warmed for
+nothing); `min_batch` does not, as the warm target is never below the cap.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from adaptive.config import BatchConfig
 from tidal_base.errors import InvalidInput
@@ -42,11 +48,13 @@ class Guardrails:
             raise InvalidInput("guard needs dwell >= 0, max_step >= 1 and hysteresis in [0, 1)")
 
     def clamp(self, config: BatchConfig) -> BatchConfig:
-        cap = min(max(config.max_batch_size, self.min_batch), self.max_batch)
-        timeout = min(max(config.timeout_s, self.min_timeout_s), self.max_timeout_s)
-        if cap == config.max_batch_size and timeout == config.timeout_s:
-            return config
-        return BatchConfig(cap, timeout)
+        """`config` inside the operator's bounds, its warm target kept up to `max_batch`."""
+        return replace(
+            config,
+            max_batch_size=min(max(config.max_batch_size, self.min_batch), self.max_batch),
+            timeout_s=min(max(config.timeout_s, self.min_timeout_s), self.max_timeout_s),
+            warm_max_batch=min(config.warm_target, self.max_batch),
+        )
 
 
 class _Settling:
@@ -100,16 +108,14 @@ class Guard:
                 settling.reset()
             return wanted, "; ".join(notes) or None
         cap = self._step_cap(now, current.max_batch_size, wanted.max_batch_size, notes)
-        warm, _ = self._warm.settle(now, current.warm_target, wanted.warm_target)
+        warm = self._settle_warm(now, current.warm_target, wanted.warm_target, cap, notes)
         timeout = self._settle_timeout(now, current.timeout_s, wanted.timeout_s, notes)
-        chosen = BatchConfig(int(cap), timeout, int(warm) if warm > cap else 0)
-        if (chosen.max_batch_size, chosen.timeout_s, chosen.warm_target) == (
-            current.max_batch_size,
-            current.timeout_s,
-            current.warm_target,
-        ):
-            chosen = current
-        return chosen, "; ".join(notes) or None
+        # The warm target settles on its own: a cap held back or step-limited keeps it.
+        chosen = replace(wanted, max_batch_size=cap, timeout_s=timeout, warm_max_batch=warm)
+        # What the dwell holds stays inside the bounds too: a config in force from before
+        # the bounds (or an operator's pin) is not kept outside them for the dwell.
+        chosen = self.rails.clamp(chosen)
+        return current if chosen == current else chosen, "; ".join(notes) or None
 
     def _step_cap(self, now: float, current: int, wanted: int, notes: list[str]) -> int:
         limit = max(current + 1, math.floor(current * self.rails.max_step))
@@ -123,6 +129,17 @@ class Guard:
             )
             return cap
         return max(int(cap), math.ceil(current / self.rails.max_step))
+
+    def _settle_warm(
+        self, now: float, current: int, wanted: int, cap: int, notes: list[str]
+    ) -> int:
+        warm, held_s = self._warm.settle(now, current, wanted)
+        # A warm target held only as far as the cap is held is told by the cap's note.
+        if held_s is not None and warm > cap:
+            notes.append(
+                f"warm {current} kept for dwell ({held_s:.0f} of {self.rails.dwell_s:g} s)"
+            )
+        return int(warm)
 
     def _settle_timeout(self, now: float, current: float, wanted: float, notes: list[str]) -> float:
         if abs(wanted - current) <= self.rails.hysteresis * max(current, 1e-3):
