@@ -9,7 +9,9 @@ warmed buckets allow; lowering is instant and releases the buckets above the new
 worker frees what it no longer serves, which is why warming is worth planning).
 
 `WarmupTracker` is that state machine, on times passed in: the simulator runs one per
-pool, and the live worker reports the same facts (warmed buckets, measured warm-up time).
+pool, with a modelled `warmup_s`; the live worker runs one with `warmup_s=None`, where a
+bucket becomes warm when its real (measured) warm-up finishes (`mark_warm`), so both
+shells follow the same rules.
 """
 
 from __future__ import annotations
@@ -54,17 +56,25 @@ class WarmupStatus:
 
     @property
     def warm_cap(self) -> int:
-        return self.warmed[-1]
+        """The largest warmed bucket; 0 while nothing is warm."""
+        return self.warmed[-1] if self.warmed else 0
 
 
 class WarmupTracker:
-    """Warmed buckets of a worker (or of a pool whose workers warm in step)."""
+    """Warmed buckets of a worker (or of a pool whose workers warm in step).
 
-    def __init__(self, warmup_s: float, initial_cap: int) -> None:
-        if not math.isfinite(warmup_s) or warmup_s < 0:
+    warmup_s: seconds each bucket takes to warm; None when warm-ups are measured (a live
+        worker): a pending bucket then becomes warm only when `mark_warm` says so.
+    initial_cap: the cap whose buckets are warm at the start; 0 for nothing warm.
+    """
+
+    def __init__(self, warmup_s: float | None, initial_cap: int) -> None:
+        if warmup_s is not None and (not math.isfinite(warmup_s) or warmup_s < 0):
             raise InvalidInput(f"warmup must be a finite duration >= 0, got {warmup_s}")
+        if initial_cap < 0:
+            raise InvalidInput(f"initial_cap must be >= 0, got {initial_cap}")
         self.warmup_s = warmup_s
-        self._warm_top = bucket_for(initial_cap)
+        self._warm_top = bucket_for(initial_cap) if initial_cap else 0
         self._pending: list[tuple[int, float]] = []  # (bucket, ready_at), ascending
 
     def request(self, cap: int, now: float) -> None:
@@ -78,10 +88,25 @@ class WarmupTracker:
         self._pending = [(b, at) for b, at in self._pending if b <= top]
         start = self._pending[-1][1] if self._pending else now
         queued = {b for b, _ in self._pending}
-        for bucket in buckets_to_warm(self._warm_top, cap):
+        step_s = math.inf if self.warmup_s is None else self.warmup_s  # measured: unknown
+        for bucket in self._missing(cap):
             if bucket not in queued:
-                start += self.warmup_s
+                start += step_s
                 self._pending.append((bucket, start))
+
+    def mark_warm(self, bucket: int, now: float) -> bool:
+        """A measured warm-up of `bucket` finished at `now`: it is warm if it is the
+        bucket being warmed (the next pending one); False if it was released meanwhile."""
+        self._advance(now)
+        if not self._pending or self._pending[0][0] != bucket:
+            return False
+        self._warm_top = self._pending.pop(0)[0]
+        return True
+
+    def abandon(self, now: float) -> None:
+        """Stop warming (a warm-up failed): pending buckets are dropped, warm ones stay."""
+        self._advance(now)
+        self._pending.clear()
 
     def effective_cap(self, cap: int, now: float) -> int:
         """The cap a worker asked for `cap` can serve at `now`."""
@@ -90,7 +115,11 @@ class WarmupTracker:
 
     def status(self, now: float) -> WarmupStatus:
         self._advance(now)
-        return WarmupStatus(buckets_through(self._warm_top), tuple(b for b, _ in self._pending))
+        warmed = buckets_through(self._warm_top) if self._warm_top else ()
+        return WarmupStatus(warmed, tuple(b for b, _ in self._pending))
+
+    def _missing(self, cap: int) -> tuple[int, ...]:
+        return buckets_to_warm(self._warm_top, cap) if self._warm_top else buckets_through(cap)
 
     def _advance(self, now: float) -> None:
         while self._pending and self._pending[0][1] <= now:

@@ -9,26 +9,39 @@ Configs apply at the next batch formation; the queue is never touched, so nothin
 dropped, duplicated or reordered. Raising the cap past the warmed buckets warms the
 missing buckets in the background (smallest first) while the old cap serves, as the
 simulator's warm-up model says; batches run padded to the smallest warmed bucket.
-A batch that runs out of memory is split in half and retried until it runs, and the cap
-the worker accepts is lowered to what ran.
+Warm-up follows `adaptive.warmup.WarmupTracker`, the simulator's state machine, fed the
+measured warm-ups: raising warms the missing buckets one after another, lowering is
+instant and releases the buckets above the new warm target (an abandoned warm-up is
+cancelled). A batch that runs out of memory is split in half and retried until it runs;
+a bucket that runs out of memory while warming ends the warm-up; either way the cap the
+worker accepts is lowered to what ran (or warmed).
+
+Time comes from a `Clock` (the event loop's, by default) and model calls go through an
+`Execution` (threads, by default), so under a virtual-time loop with a modelled
+execution every dispatch instant is exact. Background tasks are supervised: a failure
+is logged, counted and, for the dispatch loop, makes the worker unready.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
+import logging
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from adaptive.batcher import Batcher, Queued
+from adaptive.clock import Clock
 from adaptive.config import BatchConfig
 from adaptive.grouped import GroupedBatcher
-from adaptive.warmup import bucket_for, buckets_through
-from server.worker.runner import ModelRunner, OutOfMemory
+from adaptive.warmup import WarmupStatus, WarmupTracker, bucket_for
+from server.clock import LoopClock
+from server.worker.background import BackgroundErrors, spawn
+from server.worker.runner import Execution, ModelRunner, OutOfMemory, ThreadedExecution
 from tidal_base.errors import TidalError
+
+log = logging.getLogger("tidal.worker")
 
 SPIN_S = 0.0015
 """Within this much of a deadline the loop yields instead of sleeping (see _sleep_until)."""
@@ -44,6 +57,10 @@ class DeadlineExceeded(TidalError):
 
 class ShuttingDown(TidalError):
     """The worker is draining and accepts no new requests (HTTP 503)."""
+
+
+class WorkerFailed(TidalError):
+    """The dispatch loop died, so nothing queued would ever run (HTTP 503)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,12 +95,20 @@ class BatcherStats:
     padded_size_sum: int = 0
     busy_s: float = 0.0
     oom_splits: int = 0
+    warmup_ooms: int = 0
     padding_waste_sum: float = 0.0
     warmup_s: dict[int, float] = field(default_factory=dict)
 
 
 class DynamicBatcher:
-    """Accepts requests, forms batches by the batching rule, runs them on model instances."""
+    """Accepts requests, forms batches by the batching rule, runs them on model instances.
+
+    clock: where time comes from (default: the running event loop's).
+    execution: how model calls are awaited (default: `runner` on `instances` threads).
+    spin_s: how close to a deadline the loop yields instead of sleeping, because the
+        selector sleeps in whole milliseconds; 0 on a virtual-time loop, whose timers
+        are exact (and whose time never moves while a task only yields).
+    """
 
     def __init__(
         self,
@@ -95,13 +120,20 @@ class DynamicBatcher:
         warm_at_start: bool = True,
         padding_waste=None,
         group_key=None,
+        clock: Clock | None = None,
+        execution: Execution | None = None,
+        spin_s: float = SPIN_S,
     ) -> None:
         self.runner = runner
         self.instances = instances
+        self.clock = clock if clock is not None else LoopClock()
+        self.spin_s = spin_s
         self.stats = BatcherStats()
+        self.errors = BackgroundErrors()  # the link records its loops' failures here too
         self.config = config  # as asked; the batcher serves min(cap, warmed)
         self.version = 0
-        self.accepted_cap: int | None = None  # lowered after an out-of-memory split
+        self.accepted_cap: int | None = None  # lowered after running out of memory
+        self.failure: BaseException | None = None  # why the dispatch loop died, if it did
         self._padding_waste = padding_waste
         # With a group key (a length bucket), each group is batched on its own.
         self._batcher: Batcher[_Request] | GroupedBatcher[_Request] = (
@@ -109,14 +141,19 @@ class DynamicBatcher:
             if group_key is None
             else GroupedBatcher(config, lambda request: group_key(request.item), max_queue)
         )
-        self._warm_top = bucket_for(config.warm_target) if not warm_at_start else 0
-        self._executor = ThreadPoolExecutor(instances, thread_name_prefix="model")
-        self._warm_executor = ThreadPoolExecutor(1, thread_name_prefix="warmup")
+        # Measured warm-ups: nothing is warm yet, or (warm_at_start=False) the config's
+        # buckets are taken as warm.
+        self._warmup = WarmupTracker(None, 0 if warm_at_start else config.warm_target)
+        self._warm_status = self._warmup.status(0.0)
+        self._execution = (
+            execution if execution is not None else ThreadedExecution(runner, instances)
+        )
         self._free = instances
         self._wake = asyncio.Event()
         self._closing = False
         self._in_flight: set[asyncio.Task] = set()
-        self._warming: asyncio.Task | None = None
+        self._warm_task: asyncio.Task | None = None
+        self._warm_tasks: set[asyncio.Task] = set()  # the current one and cancelled ones
         self._loop_task: asyncio.Task | None = None
         self.on_batch = None  # called with (size, cap in force, execution seconds)
         self.on_dispatch = None  # called with seconds between when a batch was due and left
@@ -127,16 +164,21 @@ class DynamicBatcher:
     # -- public ------------------------------------------------------------------
 
     async def start(self) -> None:
-        self._loop_task = asyncio.create_task(self._dispatch_loop(), name="dispatch")
+        self._loop_task = spawn(self._dispatch_loop(), "dispatch", self.errors, self._dispatch_died)
         self.reconfigure(self.config)
 
     @property
     def warmed_buckets(self) -> tuple[int, ...]:
-        return buckets_through(self._warm_top) if self._warm_top else ()
+        return self._warm_status.warmed
 
     @property
     def warming(self) -> bool:
-        return self._warming is not None and not self._warming.done()
+        return bool(self._warm_status.warming)
+
+    @property
+    def ready(self) -> bool:
+        """Serving: the dispatch loop runs (or has not started yet)."""
+        return self.failure is None
 
     @property
     def queue_depth(self) -> int:
@@ -144,14 +186,16 @@ class DynamicBatcher:
 
     @property
     def serving_cap(self) -> int:
-        cap = min(self.config.max_batch_size, self._warm_top or 1)
+        cap = min(self.config.max_batch_size, self._warm_status.warm_cap or 1)
         return min(cap, self.accepted_cap) if self.accepted_cap else cap
 
     async def submit(self, item: Any, deadline_s: float | None = None) -> Served:
         """Queue one validated input; resolves when its batch has run."""
+        if self.failure is not None:
+            raise WorkerFailed(f"the dispatch loop died ({self.failure!r}); see the log")
         if self._closing:
             raise ShuttingDown("the worker is draining and takes no new requests")
-        now = time.monotonic()
+        now = self.clock.now()
         request = _Request(
             item,
             asyncio.get_running_loop().create_future(),
@@ -165,29 +209,27 @@ class DynamicBatcher:
         return await request.future
 
     def reconfigure(self, config: BatchConfig, version: int | None = None) -> None:
-        """Apply from the next batch formation; warm missing buckets in the background."""
+        """Apply from the next batch formation; warm missing buckets in the background,
+        release those above the new warm target at once."""
         self.config = config
         if version is not None:
             self.version = version
+        self._request_warm_target()
         self._apply_serving_config()
-        if bucket_for(config.warm_target) > self._warm_top and not self.warming:
-            self._warming = asyncio.create_task(self._warm_up(), name="warm-up")
-        elif bucket_for(config.warm_target) < self._warm_top and not self.warming:
-            self._warm_top = bucket_for(config.warm_target)  # release what is not served
-            self._apply_serving_config()
 
     async def drain(self) -> None:
         """Stop accepting, finish everything queued and in flight."""
         self._closing = True
         self._wake.set()
         if self._loop_task is not None:
-            await self._loop_task
-        if self._warming is not None:
-            self._warming.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._warming
-        self._executor.shutdown(wait=True)
-        self._warm_executor.shutdown(wait=False, cancel_futures=True)
+            await asyncio.wait({self._loop_task})  # a dead loop was reported when it died
+        if self._in_flight:  # only if the loop died with batches running
+            await asyncio.wait(set(self._in_flight))
+        for task in self._warm_tasks:
+            task.cancel()
+        if self._warm_tasks:
+            await asyncio.wait(set(self._warm_tasks))
+        self._execution.close()
 
     def take_window(self) -> tuple[list[float], dict[int, int]]:
         """Latencies (queue wait + execution) and batch sizes since the last call."""
@@ -205,7 +247,7 @@ class DynamicBatcher:
                 await self._sleep(None)
                 continue
             deadline = self._batcher.next_deadline()
-            now = time.monotonic()
+            now = self.clock.now()
             if deadline is not None and deadline > now and not self._closing:
                 await self._sleep_until(deadline, now)
                 continue
@@ -215,11 +257,17 @@ class DynamicBatcher:
                     self.on_dispatch(now - max(deadline, self._free_since))
                 self._launch(batch, now)
 
+    def _dispatch_died(self, error: BaseException) -> None:
+        """Nothing queued would ever run: fail it, and refuse what comes (not ready)."""
+        self.failure = error
+        failed = WorkerFailed(f"the dispatch loop died ({error!r})")
+        self._fail(self._batcher.drain(), failed)
+
     async def _sleep_until(self, deadline: float, now: float) -> None:
         """The selector sleeps in whole milliseconds (epoll rounds up), so the last
         stretch before a deadline is spent yielding to the loop instead of sleeping."""
-        if deadline - now > SPIN_S:
-            await self._sleep(deadline - now - SPIN_S)
+        if deadline - now > self.spin_s:
+            await self._sleep(deadline - now - self.spin_s)
         else:
             await asyncio.sleep(0)
 
@@ -242,41 +290,47 @@ class DynamicBatcher:
         if not live:
             return
         self._free -= 1
-        task = asyncio.create_task(self._execute(live, now))
+        task = spawn(
+            self._execute(live, now),
+            "batch",
+            self.errors,
+            lambda error: self._fail(live, WorkerFailed(f"the batch task failed ({error!r})")),
+        )
         self._in_flight.add(task)
-        task.add_done_callback(self._in_flight.discard)
 
     async def _execute(self, batch: list[Queued[_Request]], dispatched_at: float) -> None:
         try:
             await self._run_splitting(batch, dispatched_at)
         finally:
+            # Out of the in-flight set before the wake-up, or a draining loop woken by
+            # it sees the batch still in flight and sleeps for good (a lost wake-up).
+            self._in_flight.discard(asyncio.current_task())
             if self._free == 0:
-                self._free_since = time.monotonic()
+                self._free_since = self.clock.now()
             self._free += 1
             self._wake.set()
 
     async def _run_splitting(self, batch: list[Queued[_Request]], dispatched_at: float) -> None:
         inputs = [q.item.item for q in batch]
         padded = self._padded_size(len(inputs))
-        loop = asyncio.get_running_loop()
-        started = time.monotonic()
+        started = self.clock.now()
         try:
-            outputs = await loop.run_in_executor(self._executor, self.runner.run, inputs, padded)
+            outputs = await self._execution.run(inputs, padded)
         except OutOfMemory:
             if len(batch) == 1:
                 self._fail(batch, RuntimeError("a single request does not fit in memory"))
                 return
             self.stats.oom_splits += 1
             half = len(batch) // 2
-            self.accepted_cap = max(1, min(self.accepted_cap or half, half))
-            self._apply_serving_config()
+            self._accept_at_most(half)
+            self._request_warm_target()  # buckets above what fits are released
             await self._run_splitting(batch[:half], dispatched_at)
             await self._run_splitting(batch[half:], dispatched_at)
             return
         except Exception as error:  # the model failed: answer every request in the batch
             self._fail(batch, error)
             return
-        self._complete(batch, outputs, padded, dispatched_at, time.monotonic() - started)
+        self._complete(batch, outputs, padded, dispatched_at, self.clock.now() - started)
 
     def _complete(
         self, batch, outputs, padded: int, dispatched_at: float, execution_s: float
@@ -304,24 +358,77 @@ class DynamicBatcher:
 
     def _fail(self, batch: Sequence[Queued[_Request]], error: Exception) -> None:
         for queued in batch:
-            self.stats.failed += 1
             if not queued.item.future.done():
+                self.stats.failed += 1
                 queued.item.future.set_exception(error)
 
     def _padded_size(self, size: int) -> int:
         bucket = bucket_for(size)
-        return bucket if bucket <= max(self._warm_top, 1) else size
+        return bucket if bucket <= max(self._warm_status.warm_cap, 1) else size
 
     # -- warm-up -------------------------------------------------------------------
 
+    def _request_warm_target(self) -> None:
+        """Tell the tracker what should be warm; start or cancel the warm task to match."""
+        target = self.config.warm_target
+        if self.accepted_cap is not None:
+            target = min(target, self.accepted_cap)  # what does not fit is not warmed
+        self._set_warm_status(lambda now: self._warmup.request(target, now))
+        if not self.warming:
+            self._cancel_warm_up()  # released: a warm-up in progress is of no use
+        elif self._warm_task is None:
+            self._warm_task = spawn(self._warm_up(), "warm-up", self.errors, self._warm_failed)
+            self._warm_tasks.add(self._warm_task)
+            self._warm_task.add_done_callback(self._warm_tasks.discard)
+
+    def _cancel_warm_up(self) -> None:
+        if self._warm_task is not None:
+            self._warm_task.cancel()
+            self._warm_task = None
+
     async def _warm_up(self) -> None:
-        loop = asyncio.get_running_loop()
-        while bucket_for(self.config.warm_target) > self._warm_top:
-            bucket = max(1, self._warm_top * 2)
-            seconds = await loop.run_in_executor(self._warm_executor, self.runner.warm, bucket)
-            self.stats.warmup_s[bucket] = seconds
-            self._warm_top = bucket
-            self._apply_serving_config()
+        """Warm the tracker's pending buckets, smallest first, each marked warm when its
+        measured warm-up finishes."""
+        try:
+            while self._warm_status.warming:
+                bucket = self._warm_status.warming[0]
+                try:
+                    seconds = await self._execution.warm(bucket)
+                except OutOfMemory as error:
+                    self._warm_out_of_memory(bucket, error)
+                    return
+                self._set_warm_status(lambda now, b=bucket: self._warmup.mark_warm(b, now))
+                self.stats.warmup_s[bucket] = seconds
+                self._apply_serving_config()
+        finally:
+            if self._warm_task is asyncio.current_task():
+                self._warm_task = None
+
+    def _warm_out_of_memory(self, bucket: int, error: OutOfMemory) -> None:
+        """Like a batch that does not fit: counted, and the cap lowered to what warmed."""
+        self.stats.warmup_ooms += 1
+        self._set_warm_status(self._warmup.abandon)
+        self._accept_at_most(max(1, bucket // 2))
+        log.warning(
+            "bucket %d ran out of memory while warming (%s): accepting batches of up to %d",
+            bucket,
+            error,
+            self.accepted_cap,
+        )
+
+    def _warm_failed(self, error: BaseException) -> None:
+        """A warm-up failed (logged and counted by `spawn`): serve what is warm."""
+        self._set_warm_status(self._warmup.abandon)
+        self._apply_serving_config()
+
+    def _set_warm_status(self, change) -> None:
+        now = self.clock.now()
+        change(now)
+        self._warm_status: WarmupStatus = self._warmup.status(now)
+
+    def _accept_at_most(self, cap: int) -> None:
+        self.accepted_cap = max(1, min(self.accepted_cap or cap, cap))
+        self._apply_serving_config()
 
     def _apply_serving_config(self) -> None:
         self._batcher.reconfigure(BatchConfig(max(1, self.serving_cap), self.config.timeout_s))

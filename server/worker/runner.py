@@ -1,16 +1,21 @@
-"""Running batches of a served model: the `ModelRunner` seam and its torch implementation.
+"""Running batches of a served model: the `ModelRunner` seam, its torch implementation,
+and the `Execution` seam through which the batcher awaits it.
 
 `run(inputs, padded_size)` executes one batch padded to a warmed bucket and returns one
 output per input; `warm(size)` prepares a bucket (dummy batches; with `compile=True`
 that compiles the bucket's shape with `torch.compile`) and returns how long it took.
-Both block: the batcher calls them on worker threads, so the event loop keeps
-accepting requests while a batch runs.
+Both block. The batcher awaits them through an `Execution`: `ThreadedExecution` runs
+them on worker threads, so the event loop keeps accepting requests while a batch runs;
+`ModelledExecution` runs the runner inline and then takes a modelled service time on
+the event loop's clock, so the shell can be tested in virtual time at exact instants.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 import torch
@@ -24,6 +29,71 @@ class ModelRunner(Protocol):
     def warm(self, size: int) -> float:
         """Prepare batches of `size`; returns the seconds it took."""
         ...
+
+
+class Execution(Protocol):
+    """Where the batcher's model calls run. `run` and `warm` are awaited on the event
+    loop and must not block it; several `run`s may be in flight at once (one per model
+    instance, the batcher keeps count), and a `warm` beside them. Cancelling an awaited
+    call abandons its result. `close` is called once, after the last call."""
+
+    async def run(self, inputs: Sequence[Any], padded_size: int) -> list[Any]: ...
+
+    async def warm(self, size: int) -> float: ...
+
+    def close(self) -> None: ...
+
+
+class ThreadedExecution:
+    """A blocking `ModelRunner` on threads: `instances` for batches, one for warm-ups."""
+
+    def __init__(self, runner: ModelRunner, instances: int = 1) -> None:
+        self.runner = runner
+        self._batches = ThreadPoolExecutor(instances, thread_name_prefix="model")
+        self._warm_ups = ThreadPoolExecutor(1, thread_name_prefix="warmup")
+
+    async def run(self, inputs: Sequence[Any], padded_size: int) -> list[Any]:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._batches, self.runner.run, inputs, padded_size)
+
+    async def warm(self, size: int) -> float:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._warm_ups, self.runner.warm, size)
+
+    def close(self) -> None:
+        self._batches.shutdown(wait=True)
+        self._warm_ups.shutdown(wait=False, cancel_futures=True)
+
+
+class ModelledExecution:
+    """Runs the runner inline (it must be cheap: a test's echo), then sleeps a modelled
+    time on the event loop: `service_s(size, padded_size)` per batch, `warm_s(size)` per
+    warm-up. Under a virtual-time loop every batch and warm-up takes exactly that long,
+    so a test can assert dispatch instants and batch boundaries exactly."""
+
+    def __init__(
+        self,
+        runner: ModelRunner,
+        service_s: Callable[[int, int], float],
+        warm_s: Callable[[int], float] = lambda size: 0.0,
+    ) -> None:
+        self.runner = runner
+        self.service_s = service_s
+        self.warm_s = warm_s
+
+    async def run(self, inputs: Sequence[Any], padded_size: int) -> list[Any]:
+        outputs = self.runner.run(inputs, padded_size)
+        await asyncio.sleep(self.service_s(len(inputs), padded_size))
+        return outputs
+
+    async def warm(self, size: int) -> float:
+        self.runner.warm(size)
+        seconds = self.warm_s(size)
+        await asyncio.sleep(seconds)
+        return seconds
+
+    def close(self) -> None:
+        pass
 
 
 class OutOfMemory(Exception):
