@@ -1,14 +1,16 @@
-"""The bus seam: how pool statistics reach the controller and configs reach workers.
+"""What travels between a pool's workers and its controller, and the observation built
+from it.
 
-The controller and the workers never call each other; they publish and read through a
-`Bus`. In-process (the simulator, one-machine runs, tests) that is `InMemoryBus`; across
-machines it is Redis (`server/`). Configs carry a version that only grows, so a worker
-can ignore anything older than what it runs.
+Workers report `WorkerStats` per window; `observe_pool` merges one tick's reports into
+the `PoolStats` the controller steps on. The simulator and the live control loop both
+call it (the simulator's pool reports as one `WorkerStats` of `replicas` workers), so a
+policy sees the same observation in both. Configs travel as a `VersionedConfig` whose
+version only grows, so a worker can ignore anything older than what it runs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -17,7 +19,6 @@ import numpy as np
 from adaptive.config import BatchConfig
 from adaptive.histogram import NUM_BUCKETS, quantile_from_counts
 from adaptive.policy import Observation
-from adaptive.warmup import WarmupStatus
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,19 +29,25 @@ class VersionedConfig:
 
 @dataclass(frozen=True, slots=True)
 class PoolStats:
-    """What a pool's workers report for one control tick."""
+    """What a pool's workers reported for one control tick: the observation the
+    controller steps on, the buckets every worker has warm (None: the engine does not
+    model warm-up; (): nothing is warm yet) and the oldest config version running."""
 
     observation: Observation
-    warmup: WarmupStatus | None = None
+    warmed_buckets: tuple[int, ...] | None = None
     config_version: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class WorkerStats:
-    """What one live worker did over one reporting window (it reports every second).
+    """What one reporter did over one window: a live worker (it reports every second),
+    or a simulated pool of `replicas` workers (it reports every tick).
 
     Latencies are sparse `adaptive.histogram` bucket counts, so a pool's reports merge
-    exactly into one histogram; batch sizes are (size, batches) pairs.
+    exactly into one histogram; `batch_sizes` is the (size, batches) distribution, and
+    `batches`, `batch_size_sum` and `fill_sum` (the sum over batches of size / cap in
+    force) are derived from it against `max_batch_size` unless given. `warmed_buckets`
+    None means the engine does not model warm-up.
     """
 
     worker: str
@@ -54,42 +61,74 @@ class WorkerStats:
     busy_s: float
     queue_depth: int
     max_batch_size: int
-    warmed_buckets: tuple[int, ...]
+    warmed_buckets: tuple[int, ...] | None
     config_version: int
+    replicas: int = 1
+    batches: int | None = None
+    batch_size_sum: int | None = None
+    fill_sum: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.batches is None:
+            object.__setattr__(self, "batches", sum(n for _, n in self.batch_sizes))
+        if self.batch_size_sum is None:
+            sizes = sum(size * n for size, n in self.batch_sizes)
+            object.__setattr__(self, "batch_size_sum", sizes)
+        if self.fill_sum is None:
+            cap = max(self.max_batch_size, 1)
+            object.__setattr__(self, "fill_sum", sum(s * n for s, n in self.batch_sizes) / cap)
+
+    @property
+    def covered_s(self) -> float:
+        """Worker-seconds this report covers."""
+        return self.replicas * self.window_s
 
 
-def pool_stats(reports: Sequence[WorkerStats], ended_at: float, workers: int) -> PoolStats:
-    """Merge one window's worker reports into the pool's `Observation` for the controller.
+def observe_pool(
+    reports: Sequence[WorkerStats], ended_at: float, tick_s: float, workers: int
+) -> PoolStats:
+    """The pool's `PoolStats` for one control tick from the reports that arrived in it:
+    the one function both shells build the controller's observation with.
 
-    Warmed buckets are those every reporting worker has warm (the pool can rely on no
-    more), and the config version is the oldest still running."""
-    window_s = max((r.window_s for r in reports), default=1.0)
+    Rates and utilisation are normalised by the worker-seconds the reports cover, so a
+    tick that holds two windows of one worker (windows are not aligned with ticks) does
+    not read as a surge, and scaled to the pool's `workers`; the arrival count is the
+    sum, so every arrival reaches the forecast exactly once. Queue depth and warmed
+    buckets are levels: each worker's latest report counts, and the pool can rely only
+    on the buckets that every worker has warm (a cold worker that just joined counts).
+    """
+    covered_s = sum(r.covered_s for r in reports)
+    arrivals = sum(r.arrivals for r in reports)
     counts = np.zeros(NUM_BUCKETS, dtype=np.int64)
     for report in reports:
         for bucket, count in report.latency_buckets:
             counts[bucket] += count
-    batches = sum(n for r in reports for _, n in r.batch_sizes)
-    size_sum = sum(size * n for r in reports for size, n in r.batch_sizes)
-    fill_sum = sum(size / r.max_batch_size * n for r in reports for size, n in r.batch_sizes)
-    busy_s = sum(r.busy_s for r in reports)
+    batches = sum(r.batches for r in reports)
+    latest = {r.worker: r for r in reports}  # reports arrive oldest first
     observation = Observation(
         ended_at=ended_at,
-        window_s=window_s,
-        arrivals=sum(r.arrivals for r in reports),
+        window_s=tick_s,
+        arrivals=arrivals,
         completed=sum(r.completed for r in reports),
         shed=sum(r.shed for r in reports),
-        queue_depth=sum(r.queue_depth for r in reports),
+        queue_depth=sum(r.queue_depth for r in latest.values()),
         latency_p50_s=quantile_from_counts(counts, 0.5),
         latency_p99_s=quantile_from_counts(counts, 0.99),
-        mean_batch_size=size_sum / batches if batches else None,
-        batch_fill_ratio=fill_sum / batches if batches else None,
-        utilization=busy_s / (max(workers, 1) * window_s),
+        mean_batch_size=sum(r.batch_size_sum for r in reports) / batches if batches else None,
+        batch_fill_ratio=sum(r.fill_sum for r in reports) / batches if batches else None,
+        utilization=sum(r.busy_s for r in reports) / covered_s if covered_s else 0.0,
         batches=batches,
-        busy_s=busy_s,
+        busy_s=sum(r.busy_s for r in reports),
+        rate_rps=arrivals / covered_s * max(workers, 1) if covered_s else 0.0,
     )
-    warm = min((r.warmed_buckets for r in reports if r.warmed_buckets), key=len, default=())
     version = min((r.config_version for r in reports), default=0)
-    return PoolStats(observation, WarmupStatus(warm, ()) if warm else None, version)
+    return PoolStats(observation, _warm_everywhere(latest.values()), version)
+
+
+def _warm_everywhere(latest: Iterable[WorkerStats]) -> tuple[int, ...] | None:
+    """Buckets are prefixes (1, 2, 4, ...), so what every worker has warm is the shortest."""
+    modelled = [r.warmed_buckets for r in latest if r.warmed_buckets is not None]
+    return min(modelled, key=len) if modelled else None
 
 
 class Bus(Protocol):

@@ -1,11 +1,11 @@
-"""The controller loop: observe, forecast, decide, guard, publish, record.
+"""The control step: observe, forecast, decide, guard, record.
 
-One `Controller` per pool. Each `tick()` it takes the pool's latest stats from the bus,
-feeds the arrivals to the forecast (for policies that plan ahead), asks the policy,
-passes the answer through the guardrails, publishes a new versioned config when it
-changed, and returns a `DecisionRecord`. It reads time only from the injected clock and
-talks only to the injected bus, so the simulator (manual clock, in-memory bus) and the
-live control plane (wall clock, Redis) run this same code.
+One `Controller` per pool. Each `step(now, stats)` feeds the tick's arrivals to the
+forecast (for policies that plan ahead), asks the policy, passes the answer through the
+guardrails and returns a `DecisionRecord`; `config` is then the config the pool should
+run. It reads no clock and does no I/O: the shells (the simulator's per-policy driver,
+the live control loop) hand it the time and the `PoolStats` built by
+`adaptive.bus.observe_pool`, and publish, number and log what it decided.
 
 Tail safety: when actual load runs outside the forecast band for `fallback_after_s`
 (or there is no forecast yet), the fallback policy (reactive by default) decides until
@@ -15,13 +15,11 @@ the active one on the same snapshots; its answers are recorded and never applied
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from adaptive.bus import Bus, PoolStats, VersionedConfig
-from adaptive.clock import Clock
+from adaptive.bus import PoolStats
 from adaptive.config import BatchConfig
 from adaptive.decisions import DecisionRecord, ForecastUsed, Mode, ShadowDecision
 from adaptive.forecast_feed import ForecastFeed
@@ -56,7 +54,7 @@ class ControllerSettings:
     origin_s: float = 0.0
     events: tuple[Event, ...] = ()
     guardrails: Guardrails = field(default_factory=Guardrails)
-    keep_records: int = 100_000
+    defer_fits: bool = False  # the live loop refits forecasts on a thread (ForecastFeed)
 
     def __post_init__(self) -> None:
         if self.tick_s <= 0:
@@ -71,16 +69,12 @@ class Controller:
     def __init__(
         self,
         policy: Policy,
-        bus: Bus,
-        clock: Clock,
         settings: ControllerSettings,
         *,
         fallback: Policy | None = None,
         shadow: Policy | None = None,
     ) -> None:
         self.policy = policy
-        self.bus = bus
-        self.clock = clock
         self.settings = settings
         self.shadow = shadow
         self.guard = Guard(settings.guardrails)
@@ -88,24 +82,20 @@ class Controller:
         self.feed = self._feed(policy, settings)
         self.fallback = fallback or (ReactivePolicy() if self.feed is not None else None)
         self.config = settings.guardrails.clamp(policy.initial_config())
-        self.version = 1
         self.mode = Mode.ACTIVE if self.feed is None else Mode.FALLBACK
         self.mode_reason = "" if self.feed is None else "no forecast yet"
         self.fallback_s = 0.0
         self.config_changes = 0
-        self.records: deque[DecisionRecord] = deque(maxlen=settings.keep_records)
         self.last: DecisionRecord | None = None
         self._inside_since: float | None = None
         self._forecast_in: Forecast | None = None
         self._forecast_here: Forecast | None = None
         self.override: Override | None = None
         self._released = False
-        bus.publish_config(settings.pool, VersionedConfig(self.version, self.config))
 
-    def adopt(self, config: BatchConfig, version: int) -> None:
-        """Take over a pool whose workers run `config` at `version` (a new leader)."""
+    def adopt(self, config: BatchConfig) -> None:
+        """Take over a pool whose workers run `config` (a new leader, a policy switch)."""
         self.config = config
-        self.version = max(self.version, version)
 
     def pin(self, override: Override | None) -> None:
         """An operator's pinned config (None lifts it): applied at once and as it is,
@@ -113,10 +103,8 @@ class Controller:
         self._released = self.override is not None and override is None
         self.override = override
         if override is not None and override.config != self.config:
-            self.version += 1
             self.config_changes += 1
             self.config = override.config
-            self.bus.publish_config(self.settings.pool, VersionedConfig(self.version, self.config))
 
     def set_events(self, events: tuple[Event, ...]) -> None:
         self.settings = replace(self.settings, events=events)
@@ -134,14 +122,11 @@ class Controller:
             origin_s=settings.origin_s,
             events=settings.events if policy.uses_events else None,
             history_s=policy.history_s,
+            defer_fits=settings.defer_fits,
         )
 
-    def tick(self) -> DecisionRecord | None:
-        """One control step; None when no stats arrived since the last tick."""
-        stats = self.bus.take_stats(self.settings.pool)
-        if stats is None:
-            return None
-        now = self.clock.now()
+    def step(self, now: float, stats: PoolStats) -> DecisionRecord:
+        """One control step at `now` (seconds on the shell's clock) on one tick's stats."""
         forecast = self._observe(now, stats)
         snapshot = Snapshot(
             now=now,
@@ -149,7 +134,7 @@ class Controller:
             config=self.config,
             slo_s=self.settings.slo_s,
             workers=self.settings.workers,
-            warmed_buckets=stats.warmup.warmed if stats.warmup else (),
+            warmed_buckets=stats.warmed_buckets,
             warmup_s=self.settings.warmup_s,
             tick_s=self.settings.tick_s,
             forecast=forecast,
@@ -222,10 +207,8 @@ class Controller:
                 guard_note += f": {self.override.reason}"
         previous = self.config
         if chosen != previous:
-            self.version += 1
             self.config_changes += 1
             self.config = chosen
-            self.bus.publish_config(self.settings.pool, VersionedConfig(self.version, chosen))
         if self.mode is Mode.FALLBACK:
             self.fallback_s += self.settings.tick_s
         reason = decision.reason
@@ -240,7 +223,6 @@ class Controller:
             previous=previous,
             proposed=decision.config,
             chosen=chosen,
-            version=self.version,
             reason=reason,
             guard=guard_note,
             predicted_p99_s=decision.predicted_p99_s,
@@ -248,8 +230,7 @@ class Controller:
             alternatives=decision.alternatives,
             shadow=shadow,
         )
-        if self._noteworthy(record):
-            self.records.append(record)
+        record = replace(record, noteworthy=self._noteworthy(record))
         self.last = record
         return record
 
@@ -272,11 +253,20 @@ def _more_cautious(
     reason = f"fallback to {backup_spec} ({why}): {backup.reason}"
     if planned is None:
         return replace(backup, reason=reason)
-    cap = max(backup.config.max_batch_size, planned.config.max_batch_size)
-    timeout_s = min(backup.config.timeout_s, planned.config.timeout_s)
-    if cap > backup.config.max_batch_size:
+    ours, theirs = backup.config, planned.config
+    cap = max(ours.max_batch_size, theirs.max_batch_size)
+    warm = max(ours.warm_target, theirs.warm_target)
+    if cap > ours.max_batch_size:
         reason += f"; keeping cap {cap} that the forecast still asks for"
-    return replace(backup, config=BatchConfig(cap, timeout_s), reason=reason)
+    if warm > max(cap, ours.warm_target):
+        reason += f"; keeping batches up to {warm} warm for the forecast"
+    config = replace(
+        ours,
+        max_batch_size=cap,
+        timeout_s=min(ours.timeout_s, theirs.timeout_s),
+        warm_max_batch=warm if warm > cap else 0,
+    )
+    return replace(backup, config=config, reason=reason)
 
 
 def _forecast_used(snapshot: Snapshot) -> ForecastUsed | None:

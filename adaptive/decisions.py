@@ -61,18 +61,19 @@ class DecisionRecord:
     policy: str
     mode: Mode
     observation: Observation
-    warmed_buckets: tuple[int, ...]
+    warmed_buckets: tuple[int, ...] | None
     forecast: ForecastUsed | None
     previous: BatchConfig
     proposed: BatchConfig
     chosen: BatchConfig
-    version: int
     reason: str
     guard: str | None
     predicted_p99_s: float | None
     planned_rate_rps: float | None
     alternatives: tuple[Alternative, ...]
     shadow: ShadowDecision | None = None
+    noteworthy: bool = True  # a config or mode change, or a new shadow disagreement
+    version: int = 0  # the config version the shell published it under (0: not numbered)
 
     @property
     def changed(self) -> bool:
@@ -116,7 +117,12 @@ class DecisionRecord:
             "planned_rate_rps": None
             if self.planned_rate_rps is None
             else round(self.planned_rate_rps, 2),
-            "inputs": {**self.observation.to_dict(), "warmed_buckets": list(self.warmed_buckets)},
+            "inputs": {
+                **self.observation.to_dict(),
+                "warmed_buckets": None
+                if self.warmed_buckets is None
+                else list(self.warmed_buckets),
+            },
             "forecast": None if self.forecast is None else self.forecast.to_dict(),
             "alternatives": [a.to_dict() for a in self.alternatives],
             "shadow": None

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -27,8 +27,33 @@ from forecaster.series import RateSeries
 from tidal_base.errors import InvalidInput
 
 
+@dataclass(frozen=True)
+class FitJob:
+    """A refit the feed wants: `run()` fits `model` on `series` (seconds of CPU for MSTL
+    on days of history), anywhere, and returns the fitted model or the `InvalidInput`
+    that says why it cannot fit; `ForecastFeed.install` takes the outcome back."""
+
+    model: Forecaster
+    series: RateSeries
+    end_s: float
+    closed_steps: int  # the feed's closed steps when the series was cut
+
+    def run(self) -> FittedForecaster | InvalidInput:
+        try:
+            return self.model.fit(self.series)
+        except InvalidInput as error:
+            return error
+
+
 class ForecastFeed:
-    """Observed arrivals in, the current `Forecast` out."""
+    """Observed arrivals in, the current `Forecast` out.
+
+    With `defer_fits`, refits of the model are not run inside `observe`: the feed hands
+    them out as a `FitJob` (`take_fit_job`), keeps forecasting with the model it has,
+    and installs the new one when the shell gives it back (`install`), caught up on the
+    steps that closed meanwhile. The live control loop runs them on a thread; the
+    simulator fits inline, where a tick may take as long as it needs.
+    """
 
     def __init__(
         self,
@@ -42,6 +67,7 @@ class ForecastFeed:
         history_s: float = 6 * 3600.0,
         refit_s: float = 1800.0,
         min_history_s: float = 1800.0,
+        defer_fits: bool = False,
     ) -> None:
         if step_s <= 0 or horizon_s <= 0:
             raise InvalidInput(f"forecast step and horizon must be > 0, got {step_s}, {horizon_s}")
@@ -68,6 +94,10 @@ class ForecastFeed:
         self._scored_stand_in = False
         self.forecast: Forecast | None = None
         self.history_s = history_s
+        self.defer_fits = defer_fits
+        self._job: FitJob | None = None  # wanted, not yet taken
+        self._taken: FitJob | None = None  # taken by the shell, not yet installed
+        self._closed_steps = 0
         self.steps_scored = 0
         self.steps_outside = 0
         self.last_error_rps: float | None = None  # actual - forecast mean, last step scored
@@ -128,9 +158,32 @@ class ForecastFeed:
         start = self._step_end - self.step_s * (len(self._history) + 1)
         return RateSeries(self.origin_s + start, self.step_s, np.array(self._history))
 
+    def take_fit_job(self) -> FitJob | None:
+        """The refit the feed wants run, if any (deferred fits only); one at a time."""
+        job, self._job = self._job, None
+        if job is not None:
+            self._taken = job
+        return job
+
+    def install(self, job: FitJob, outcome: FittedForecaster | InvalidInput) -> None:
+        """Take a finished refit back: catch it up on the steps closed since its series
+        was cut and forecast with it (or, if it could not fit, with the stand-in)."""
+        self._taken = None
+        if isinstance(outcome, InvalidInput):
+            self._use_stand_in(self._series(self._step_end - self.step_s), outcome)
+            return
+        missed = self._closed_steps - job.closed_steps
+        if missed:
+            outcome.update(np.array(list(self._history)[-missed:]))
+        if isinstance(outcome, FittedEventAware) and isinstance(self._model, EventAware):
+            outcome.events = self._model.events  # events may have changed meanwhile
+        self._fitted, self._stand_in_reason, self._fitted_at = outcome, None, job.end_s
+        self.forecast = self._predict()
+
     def _close_step(self, count: float, end_s: float) -> None:
         self._score(count, end_s)
         self._history.append(count)
+        self._closed_steps += 1
         if self._fitted is not None and self._stand_in_reason is None:
             self._fitted.update(np.array([count]))
         if end_s - self._fitted_at >= self.refit_s or self._stand_in_reason is not None:
@@ -163,26 +216,37 @@ class ForecastFeed:
         self._fitted = self._stand_in.fit(first)
         self._stand_in_reason = "last value: the first tick's rate"
 
-    def _try_fit(self, end_s: float) -> None:
-        """Fit on the history of closed steps, the last of which ends at `end_s`."""
-        series = RateSeries(
+    def _series(self, end_s: float) -> RateSeries:
+        """The closed steps' history, the last of which ends at `end_s`."""
+        return RateSeries(
             self.origin_s + end_s - self.step_s * len(self._history),
             self.step_s,
             np.array(self._history, dtype=np.float64),
         )
-        try:
-            if not self._model_needs_no_history and len(self._history) < self.min_history_steps:
-                raise InvalidInput(
-                    f"{len(self._history)} of {self.min_history_steps} steps of history"
-                )
-            self._fitted = self._model.fit(series)
-            self._stand_in_reason = None
-            self._fitted_at = end_s
-        except InvalidInput as error:
-            if not self._history:
-                return
-            self._fitted = self._stand_in.fit(series)
-            self._stand_in_reason = f"last value: {error}"
+
+    def _try_fit(self, end_s: float) -> None:
+        """Fit on the history of closed steps, the last of which ends at `end_s`."""
+        series = self._series(end_s)
+        if not self._model_needs_no_history and len(self._history) < self.min_history_steps:
+            reason = f"{len(self._history)} of {self.min_history_steps} steps of history"
+            self._use_stand_in(series, InvalidInput(reason))
+            return
+        job = FitJob(self._model, series, end_s, self._closed_steps)
+        if self.defer_fits:
+            if self._taken is None:
+                self._job = job
+            return
+        outcome = job.run()
+        if isinstance(outcome, InvalidInput):
+            self._use_stand_in(series, outcome)
+            return
+        self._fitted, self._stand_in_reason, self._fitted_at = outcome, None, end_s
+
+    def _use_stand_in(self, series: RateSeries, why: InvalidInput) -> None:
+        if not self._history:
+            return
+        self._fitted = self._stand_in.fit(series)
+        self._stand_in_reason = f"last value: {why}"
 
     def _predict(self) -> Forecast:
         forecast = self._fitted.predict(self.horizon_steps, self.level)

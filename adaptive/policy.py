@@ -35,10 +35,11 @@ class Observation:
     utilization: float
     batches: int = 0
     busy_s: float = 0.0
+    rate_rps: float | None = None  # normalised by the worker-seconds reported (observe_pool)
 
     @property
     def arrival_rate_rps(self) -> float:
-        return self.arrivals / self.window_s
+        return self.arrivals / self.window_s if self.rate_rps is None else self.rate_rps
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -70,15 +71,18 @@ class Snapshot:
     config: BatchConfig
     slo_s: float
     workers: int
-    warmed_buckets: tuple[int, ...] = ()
+    warmed_buckets: tuple[int, ...] | None = None  # None: warm-up not modelled; (): none warm
     warmup_s: float = 0.0
     tick_s: float = 1.0
     forecast: Forecast | None = None
 
     @property
     def warm_cap(self) -> int:
-        """The largest batch the workers can serve now without warming anything."""
-        return self.warmed_buckets[-1] if self.warmed_buckets else self.config.max_batch_size
+        """The largest batch the workers can serve now without warming anything: any
+        batch when warm-up is not modelled, one request at a time when nothing is warm."""
+        if self.warmed_buckets is None:
+            return self.config.max_batch_size
+        return self.warmed_buckets[-1] if self.warmed_buckets else 1
 
     @property
     def serving_cap(self) -> int:

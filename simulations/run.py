@@ -12,18 +12,17 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from adaptive.bus import InMemoryBus, PoolStats
-from adaptive.clock import ManualClock
+from adaptive.bus import WorkerStats, observe_pool
 from adaptive.controller import Controller, ControllerSettings
 from adaptive.decisions import DecisionRecord, Mode
 from adaptive.guards import Guardrails
 from adaptive.histogram import NUM_BUCKETS, LatencyHistogram, LatencySummary
 from adaptive.latency import LatencyModel
-from adaptive.policy import Observation, Policy
+from adaptive.policy import Policy
 from forecaster.events import Event
 from simulations.arrivals import ArrivalStream
 from simulations.engine import PoolSettings, SimulatedPool, TickStats
@@ -147,7 +146,9 @@ class SimulationReport:
 
 
 class _PolicyRun:
-    """One policy's controller driving one simulated pool, through an in-memory bus."""
+    """One policy's controller driving one simulated pool: each tick the pool reports
+    like a live worker (one `WorkerStats` for all its workers), `observe_pool` builds
+    the observation as the live control loop does, and the controller steps on it."""
 
     POOL = "simulated"
 
@@ -161,12 +162,10 @@ class _PolicyRun:
         self.policy = policy
         self.pool = pool
         self.settings = settings
-        self.clock = ManualClock()
-        self.bus = InMemoryBus()
+        self.version = 1
+        self.records: list[DecisionRecord] = []
         self.controller = Controller(
             policy,
-            self.bus,
-            self.clock,
             ControllerSettings(
                 pool=self.POOL,
                 slo_s=settings.pool.slo_s,
@@ -193,17 +192,42 @@ class _PolicyRun:
         controller = self.controller
         stats = self.pool.advance(t_start, t_end, arrivals, controller.config)
         self._accumulate(stats)
-        self.clock.set(t_end)
-        self.bus.publish_stats(
-            self.POOL,
-            PoolStats(
-                _observation(t_end, self.settings, stats),
-                self.pool.warmup_status(t_end),
-                controller.version,
-            ),
-        )
-        controller.tick()
+        report = self._report(t_end, stats)
+        settings = self.settings
+        observed = observe_pool([report], t_end, settings.tick_s, settings.pool.workers)
+        record = controller.step(t_end, observed)
+        if record.changed:
+            self.version += 1
+        if record.noteworthy:
+            self.records.append(replace(record, version=self.version))
         self.wall_s += time.perf_counter() - started
+
+    def _report(self, now: float, s: TickStats) -> WorkerStats:
+        """The tick as the pool's workers would report it over the bus."""
+        warm = self.pool.warmup_status(now)
+        histogram = self.pool.tick_histogram
+        buckets = np.flatnonzero(histogram) if s.completed else ()
+        return WorkerStats(
+            worker=self.POOL,
+            window_s=self.settings.tick_s,
+            arrivals=s.arrivals,
+            completed=s.completed,
+            shed=s.shed,
+            latency_buckets=tuple(zip(buckets, histogram[buckets], strict=True))
+            if s.completed
+            else (),
+            latency_sum_s=s.latency_sum_s,
+            batch_sizes=(),
+            busy_s=s.busy_s,
+            queue_depth=s.queue_depth,
+            max_batch_size=self.pool.served_max_batch,
+            warmed_buckets=None if warm is None else warm.warmed,
+            config_version=self.version,
+            replicas=self.settings.pool.workers,
+            batches=s.batches,
+            batch_size_sum=s.batch_size_sum,
+            fill_sum=s.fill_sum,
+        )
 
     def _accumulate(self, s: TickStats) -> None:
         c = self.counts
@@ -271,30 +295,12 @@ class _PolicyRun:
             config_changes=self.controller.config_changes,
             timeline=tuple(self.timeline.rows),
             fallback_s=self.controller.fallback_s,
-            decisions=tuple(self.controller.records),
+            decisions=tuple(self.records),
             clamped_from=self.pool.clamped_from,
             max_feasible_batch=self.pool.max_feasible_batch,
             safety_shed=settings.max_queue is None and shed > 0,
             records=self.pool.records() if settings.record_requests else None,
         )
-
-
-def _observation(now: float, settings: SimulationSettings, s: TickStats) -> Observation:
-    return Observation(
-        ended_at=now,
-        window_s=settings.tick_s,
-        arrivals=s.arrivals,
-        completed=s.completed,
-        shed=s.shed,
-        queue_depth=s.queue_depth,
-        latency_p50_s=s.p50_s,
-        latency_p99_s=s.p99_s,
-        mean_batch_size=s.batch_size_sum / s.batches if s.batches else None,
-        batch_fill_ratio=s.fill_sum / s.batches if s.batches else None,
-        utilization=s.busy_s / (settings.pool.workers * settings.tick_s),
-        batches=s.batches,
-        busy_s=s.busy_s,
-    )
 
 
 ProgressCallback = Callable[[float], None]

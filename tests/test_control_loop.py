@@ -7,23 +7,20 @@ import time
 from redis_server import RedisProcess
 from test_worker_link import until, worker
 
-from adaptive.bus import InMemoryBus
 from adaptive.controller import Controller, ControllerSettings
 from adaptive.guards import Guardrails
 from adaptive.specs import PolicyContext, build_policy
 from server.bus.redis_bus import RedisBus, connect
-from server.clock import WallClock
 from server.control.loop import ControlLoop
 from server.tasks import cancel_and_wait
 
 
 def control_loop(bus: RedisBus, holder: str, lease_s: float = 3.0) -> ControlLoop:
-    local = InMemoryBus()
     policy = build_policy("aimd:start=4,step=4,timeout=1ms", PolicyContext(0.1, 2))
     settings = ControllerSettings(
         pool="pool", tick_s=0.05, workers=2, guardrails=Guardrails(dwell_s=0.5)
     )
-    return ControlLoop(Controller(policy, local, WallClock(), settings), bus, holder, lease_s)
+    return ControlLoop(Controller(policy, settings), bus, holder, lease_s)
 
 
 async def keep_busy(batchers, stop: asyncio.Event):
@@ -70,7 +67,7 @@ def test_workers_follow_the_leaders_decisions_over_redis():
     finally:
         server.stop()
     assert loop.state.leader and loop.state.workers_alive == 2
-    assert stored.version == loop.controller.version == loop.state.published_version
+    assert stored.version == loop.state.version == loop.state.published_version
     assert worker_versions == [stored.version] * 2
     assert decisions and decisions[-1]["chosen"]["max_batch"] == stored.config.max_batch_size
 
@@ -117,7 +114,7 @@ def test_a_standby_takes_over_within_two_leases_and_versions_never_go_back():
             ) from None
         takeover_s = time.monotonic() - died
         await asyncio.sleep(0.5)  # the new leader runs the pool for a while
-        adopted = (standby.controller.version, loops[dead].state.published_version)
+        adopted = (standby.state.version, loops[dead].state.published_version)
         stop.set()
         await asyncio.gather(*background)
         for task in tasks.values():
@@ -146,8 +143,8 @@ def test_a_new_leader_on_a_redis_that_lost_its_data_publishes_above_what_workers
             first = control_loop(bus, "c1")
             running = asyncio.create_task(first.run())
             await until(lambda: first.controller.config_changes >= 2, timeout_s=10)
-            await until(lambda: all(b.version == first.controller.version for b in batchers))
-            before = first.controller.version
+            await until(lambda: all(b.version == first.state.version for b in batchers))
+            before = first.state.version
             await cancel_and_wait(running)
             await bus.client.flushall()  # Redis restarted empty: no config, no lease
             second = control_loop(bus, "c2")  # a fresh controller: its own version is 1

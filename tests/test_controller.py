@@ -1,13 +1,11 @@
 """Policies and the controller on small synthetic traces, through the real simulator."""
 
 import itertools
-import time
 
 import numpy as np
 import pytest
 
-from adaptive.bus import InMemoryBus, PoolStats, VersionedConfig
-from adaptive.clock import ManualClock
+from adaptive.bus import PoolStats
 from adaptive.config import BatchConfig
 from adaptive.controller import Controller, ControllerSettings, Override
 from adaptive.decisions import Mode
@@ -17,7 +15,6 @@ from adaptive.policy import Observation
 from adaptive.specs import PolicyContext, build_policy
 from forecaster.events import Event
 from forecaster.series import RateSeries
-from server.clock import WallClock
 from simulations.cli import policy_context
 from simulations.engine import PoolSettings
 from simulations.run import SimulationSettings, simulate
@@ -133,37 +130,6 @@ def observations(n):
         )
 
 
-@pytest.mark.parametrize("spec", ["reactive", "aimd"])
-def test_controller_runs_identically_under_the_simulated_and_the_wall_clock(spec):
-    tick_s = 0.01
-    # No dwell: a dwell counts seconds, and a loaded machine's sleeps overshoot, so the
-    # same ticks could fall on either side of it; everything else must match exactly.
-    settings = ControllerSettings(tick_s=tick_s, workers=4, guardrails=Guardrails(dwell_s=0.0))
-
-    def drive(clock, wait):
-        bus = InMemoryBus()
-        controller = Controller(build_policy(spec, PolicyContext(0.1, 4)), bus, clock, settings)
-        chosen = []
-        for observation in observations(60):
-            wait()
-            bus.publish_stats("default", PoolStats(observation))
-            chosen.append(controller.tick().chosen)
-        return chosen
-
-    manual = ManualClock()
-    simulated = drive(manual, lambda: manual.advance(tick_s))
-    wall = WallClock()
-    deadline = [wall.now()]
-
-    def sleep_to_next_tick():
-        deadline[0] += tick_s
-        time.sleep(max(0.0, deadline[0] - wall.now()))
-
-    live = drive(wall, sleep_to_next_tick)
-    assert live == simulated
-    assert len(set(simulated)) > 2  # the policy did move
-
-
 def test_guard_holds_cost_saving_moves_for_the_dwell_and_applies_protective_ones_at_once():
     guard = Guard(Guardrails(dwell_s=60.0, max_step=4.0, max_batch=256))
     big = BatchConfig(128, 0.010)
@@ -206,23 +172,20 @@ def test_the_issue_example_spec_builds_with_its_options():
 
 
 def test_an_operator_pin_applies_at_once_and_the_policy_resumes_at_once_when_it_ends():
-    clock, bus = ManualClock(), InMemoryBus()
     policy = build_policy("static:max_batch=32,timeout=10ms", PolicyContext(0.1, 1))
     settings = ControllerSettings(pool="p", guardrails=Guardrails(dwell_s=60.0))
-    controller = Controller(policy, bus, clock, settings)
+    controller = Controller(policy, settings)
     stats = PoolStats(Observation(0.0, 1.0, 10, 10, 0, 0, 0.01, 0.02, 2.0, 0.5, 0.1))
 
     controller.pin(Override(BatchConfig(4, 0.001), until_s=5.0, reason="canary"))
-    assert bus.current_config("p") == VersionedConfig(2, BatchConfig(4, 0.001))  # no tick
+    assert controller.config == BatchConfig(4, 0.001)  # at once, before any step
     chosen = []
-    for _ in range(8):
-        clock.advance(1.0)
-        bus.publish_stats("p", stats)
-        record = controller.tick()
+    for now in range(1, 9):
+        record = controller.step(float(now), stats)
         chosen.append((record.chosen, record.kind))
     pinned = (BatchConfig(4, 0.001), "override")
     assert chosen[:4] == [pinned] * 4
     # A longer timeout is a cost-saving move the dwell would hold for 60 s; after a pin
     # the policy's config returns at the first tick past the expiry.
     assert chosen[4][0] == BatchConfig(32, 0.010)
-    assert bus.current_config("p").config == BatchConfig(32, 0.010)
+    assert controller.config == BatchConfig(32, 0.010)

@@ -130,7 +130,7 @@ def test_a_policy_switch_keeps_the_config_version_and_bad_specs_are_422():
             )
             while control.controller.config.max_batch_size != 4:
                 await asyncio.sleep(0.01)
-            version = control.controller.version
+            version = control.loop.state.version
             switched = await api.put(
                 "/v1/pools/p/policy", json={"policy": "static:max_batch=16"}, headers=AUTH
             )
@@ -142,7 +142,7 @@ def test_a_policy_switch_keeps_the_config_version_and_bad_specs_are_422():
             while control.controller.config.max_batch_size != 16:
                 await asyncio.sleep(0.01)
             worker.cancel()
-            return pinned, version, switched, bad, oracle, lifted, control.controller.version
+            return pinned, version, switched, bad, oracle, lifted, control.loop.state.version
 
     pinned, version, switched, bad, oracle, lifted, final_version = asyncio.run(scenario())
     assert pinned.status_code == 200 and pinned.json()["override"]["max_batch"] == 4

@@ -19,7 +19,7 @@ from datetime import datetime
 from typing import Any
 
 from fastapi import Depends, FastAPI, Query, Request
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel, Field
@@ -59,7 +59,7 @@ class SimulateRequest(BaseModel):
     candidate: str = Field(description="the candidate policy spec")
     hours: float = Field(default=1.0, gt=0, le=24 * 8, description="recorded traffic to replay")
     promote: bool = Field(default=False, description="switch to the candidate if no worse")
-    seed: int = 0
+    seed: int = Field(default=0, ge=0, le=2**32 - 1, description="the replay's random seed")
 
 
 class TokenCheck:
@@ -108,7 +108,8 @@ def create_app(
         if control is None:
             raise ApiError(404, f"unknown pool {pool!r} (known: {', '.join(pools)})", "pool")
         if control.loop is None:
-            raise ApiError(503, f"pool {pool!r} is starting", "pool")
+            why = f"failed to start: {control.start_error}" if control.start_error else "starting"
+            raise ApiError(503, f"pool {pool!r} is {why}", "pool")
         if write and not control.loop.state.leader:
             # A standby's change would be overwritten when it next takes over.
             raise ApiError(409, f"this controller does not lead pool {pool!r}: write to the leader")
@@ -119,11 +120,15 @@ def create_app(
         return {"status": "ok"}
 
     @app.get("/readyz", tags=["health"])
-    async def readyz() -> dict[str, Any]:
-        waiting = [p for p, c in pools.items() if c.loop is None or not c.loop.state.ready]
-        if waiting:
-            raise ApiError(503, f"not ready: {', '.join(waiting)} (bus unreachable or starting)")
-        return {"status": "ready", "pools": list(pools)}
+    async def readyz() -> Response:
+        health = {name: _health(control) for name, control in pools.items()}
+        waiting = [f"{name} ({h['status']})" for name, h in health.items() if not h["ready"]]
+        body = {
+            "status": "not ready" if waiting else "ready",
+            "error": f"not ready: {', '.join(waiting)}" if waiting else None,
+            "pools": health,
+        }
+        return JSONResponse(body, status_code=503 if waiting else 200)
 
     @app.get("/v1/pools", tags=["pools"], dependencies=read)
     async def list_pools() -> dict[str, Any]:
@@ -271,6 +276,29 @@ def _moment(text: str, field: str) -> float:
         raise ApiError(422, f"{field}: not Unix seconds or ISO-8601: {text!r}", field) from None
 
 
+def _health(control: PoolControl) -> dict[str, Any]:
+    """A pool's readiness and what went wrong, for /readyz and the pool's status."""
+    loop = control.loop
+    if loop is None:
+        status = f"failed to start: {control.start_error}" if control.start_error else "starting"
+        return {"ready": False, "status": status, "errors": {}, "settings_error": None}
+    state = loop.state
+    if state.ready:
+        status = "ticking"
+    elif state.ticks == 0 and not state.errors:
+        status = "starting"
+    else:
+        status = f"tick failing: {state.last_error}"
+    return {
+        "ready": state.ready,
+        "status": status,
+        "last_error": state.last_error,
+        "errors": dict(state.errors),
+        "malformed_stats": state.malformed_stats,
+        "settings_error": control.settings_error,
+    }
+
+
 async def _summary(control: PoolControl) -> dict[str, Any]:
     controller, state = control.controller, control.loop.state
     leader = None
@@ -280,7 +308,7 @@ async def _summary(control: PoolControl) -> dict[str, Any]:
     return {
         "pool": control.pool,
         "config": config_dict(controller.config),
-        "version": controller.version,
+        "version": state.version,
         "policy": control.policy_spec,
         "shadow": controller.shadow.spec if controller.shadow is not None else None,
         "slo_ms": round(controller.settings.slo_s * 1e3, 3),
@@ -295,6 +323,7 @@ async def _summary(control: PoolControl) -> dict[str, Any]:
         "ticks": state.ticks,
         "last_tick_ms": round(state.last_tick_s * 1e3, 3),
         "last_error": state.last_error,
+        "health": _health(control),
         "config_changes": controller.config_changes,
         "fallback_s": controller.fallback_s,
         "last_decision": controller.last.to_dict() if controller.last else None,

@@ -145,6 +145,11 @@ def plan_from(args: argparse.Namespace) -> PoolPlan:
 
 
 def run_controller(args: argparse.Namespace) -> int:
+    if args.lease <= args.tick:
+        raise InvalidInput(
+            f"--lease ({args.lease:g}s) must be longer than --tick ({args.tick:g}s): "
+            "the leader renews its lease once a tick"
+        )
     plan = plan_from(args)
     token = api_token(args.token_file)
     if args.local_workers < 0:
@@ -157,6 +162,8 @@ def run_controller(args: argparse.Namespace) -> int:
     registry = CollectorRegistry()
     metrics = ControllerMetrics(registry)
     pools = {plan.pool: PoolControl(plan, bus, holder, metrics.observe)}
+    for control in pools.values():
+        control.prepare()  # a bad policy spec is one line and exit 2, before serving
 
     @contextlib.asynccontextmanager
     async def lifespan(app):

@@ -1,31 +1,45 @@
-"""One pool's live control loop: worker stats from the bus, the `Controller`, configs out.
+"""One pool's live control loop: worker stats from the bus, the control step, configs out.
 
-The `Controller` is the simulator's, unchanged: it runs on a wall clock against an
-in-process bus, and this shell moves messages between that bus and the pool's `PoolBus`
-(Redis, or in-process for one machine) each tick.
-Controllers of one pool elect a leader with a lease (SET NX PX, renewed every tick);
-only the leader publishes. A new leader adopts the config in force from Redis, and every
-version it publishes is above the one stored, so versions never go backwards across a
-failover. If Redis goes away the loop reports not-ready, keeps its state, retries with
-backoff, and resynchronises when Redis returns; workers meanwhile keep their config.
+Each tick: renew (or take) the leader lease, read the workers' stats that arrived since
+the last tick, build the observation with `adaptive.bus.observe_pool` (the simulator's
+function), step the pool's `Controller` (the simulator's class), and, as leader, publish
+the config it chose under a new version and log the decision. Versions belong to this
+shell: a leader publishes above the highest version stored or running on any worker,
+so versions never go backwards across a failover or a Redis that lost its data, and it
+re-checks its lease right before every publish, so a controller that lost the lease
+while it stepped never writes.
+
+Forecast refits run on a thread (`asyncio.to_thread`) and are installed when done; the
+tick itself stays in milliseconds. Every failure is loud: a tick that fails is logged
+with its traceback, counted by stage (`LoopState.errors`, exported as
+`tidal_controller_tick_errors_total`), marks the pool not ready with the error shown in
+/readyz and the pool's status, and the loop backs off and retries; it never ends
+silently. Workers meanwhile keep their config (fail-static).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from redis.exceptions import RedisError
 
-from adaptive.bus import VersionedConfig, WorkerStats, pool_stats
+from adaptive.bus import VersionedConfig, WorkerStats, observe_pool
+from adaptive.clock import Clock
+from adaptive.config import BatchConfig
 from adaptive.controller import Controller
 from adaptive.decisions import DecisionRecord
 from server.bus.protocols import PoolBus
+from server.clock import LoopClock
 
 log = logging.getLogger("tidal.controller")
+
+TRIM_EVERY_TICKS = 600
+MAX_BACKOFF_S = 10.0
 
 
 @dataclass
@@ -35,15 +49,26 @@ class LoopState:
     leader: bool = False
     ready: bool = False
     ticks: int = 0
-    published_version: int = 0
+    version: int = 0  # of the config in force, as this controller knows it
+    published_version: int = 0  # the last version this controller published
     workers_alive: int = 0
     last_tick_s: float = 0.0
     last_error: str | None = None
+    errors: collections.Counter[str] = field(default_factory=collections.Counter)
+    malformed_stats: int = 0
+    refits: int = 0
+
+
+class TickFailed(Exception):
+    """A tick failed at `stage`; the cause is chained."""
+
+    def __init__(self, stage: str, cause: BaseException) -> None:
+        super().__init__(f"{stage}: {cause!r}")
+        self.stage = stage
 
 
 TickObserver = Callable[["ControlLoop", DecisionRecord | None], None]
 SettingsSync = Callable[[bool], Awaitable[None]]
-TRIM_EVERY_TICKS = 600
 
 
 class ControlLoop:
@@ -55,6 +80,7 @@ class ControlLoop:
         lease_s: float = 3.0,
         observer: TickObserver | None = None,
         sync_settings: SettingsSync | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self.controller = controller
         self.bus = bus
@@ -62,6 +88,7 @@ class ControlLoop:
         self.holder = holder
         self.lease_s = lease_s
         self.observer = observer
+        self.clock = clock or LoopClock()
         # Operators' settings live on the bus: standbys follow them every tick, a new
         # leader takes them (or restores them to a bus that lost them) before it acts.
         self.sync_settings = sync_settings
@@ -71,66 +98,99 @@ class ControlLoop:
         # version goes above it, even when Redis lost what it stored (workers apply only
         # newer versions, so publishing below what they run would be ignored).
         self._seen_version = 0
+        self._published: BatchConfig | None = None
         self._cursor = "$"  # only stats that arrive from now on
+        self._refit: asyncio.Task | None = None
 
     async def run(self) -> None:
-        """Tick every `settings.tick_s` until cancelled; Redis errors back off, never raise."""
+        """Tick every `settings.tick_s` until cancelled; failures back off, never end it."""
         tick_s = self.controller.settings.tick_s
         failures = 0
         while True:
-            started = time.monotonic()
+            started = self.clock.now()
             try:
                 await self.tick()
                 failures = 0
-            except (RedisError, OSError) as error:
+            except TickFailed as failure:
                 failures += 1
-                self._lost(error)
-                await asyncio.sleep(min(tick_s * 2**failures, 10.0))
+                self._failed(failure)
+                await asyncio.sleep(min(tick_s * 2**failures, MAX_BACKOFF_S))
                 continue
-            except Exception as error:  # a bug must not end control silently
-                failures += 1
-                log.exception("tick failed on pool %s", self.pool)
-                self.state.ready, self.state.last_error = False, f"tick failed: {error!r}"
-                await asyncio.sleep(min(tick_s * 2**failures, 10.0))
-                continue
-            await asyncio.sleep(max(0.0, tick_s - (time.monotonic() - started)))
+            await asyncio.sleep(max(0.0, tick_s - (self.clock.now() - started)))
 
     async def tick(self) -> None:
-        started = time.monotonic()
-        await self._elect()
+        """One tick; raises `TickFailed` naming the stage that failed."""
+        started = time.perf_counter()
+        await _stage("elect", self._elect())
+        reports = await _stage("read", self._read())
+        record = None
+        if reports:
+            record = _step(self.controller, reports, self.clock.now(), self.state.workers_alive)
+        await _stage("refit", self._refit_forecast())
+        if self.state.leader:
+            await _stage("publish", self.publish_if_changed())
+            if record is not None and record.noteworthy:
+                await _stage("record", self._record(record))
+            if self.state.ticks % TRIM_EVERY_TICKS == 0:
+                await _stage("trim", self.bus.trim_history(self.pool, int(time.time())))
+        self.state.ready = True
+        self.state.last_error = None
+        self.state.ticks += 1
+        self.state.last_tick_s = time.perf_counter() - started
+        if self.observer is not None:
+            self.observer(self, record)
+
+    async def publish_if_changed(self) -> None:
+        """As leader, publish the controller's config if it differs from what this
+        controller last published (a decision, a pin, a policy switch)."""
+        config = self.controller.config
+        if not self.state.leader or config == self._published:
+            return
+        # The lease may have lapsed while the step ran: never publish as a former leader.
+        if not await self.bus.acquire_or_renew_lease(self.pool, self.holder, self.lease_s):
+            self.state.leader = False
+            return
+        await self._publish(config)
+
+    # -- the stages ------------------------------------------------------------------
+
+    async def _read(self) -> list[WorkerStats]:
         if self._cursor == "$":
             self._cursor = await self.bus.last_stats_id(self.pool)
-        reports, self._cursor, _bad = await self.bus.read_worker_stats(self.pool, self._cursor)
+        reports, self._cursor, malformed = await self.bus.read_worker_stats(self.pool, self._cursor)
+        self.state.malformed_stats += malformed
         alive = await self.bus.workers_alive(self.pool)
         self.state.workers_alive = len(alive)
         self._seen_version = max(
-            self._seen_version,
-            *(r.config_version for r in reports),
-            *(info.get("config_version", 0) for info in alive.values()),
+            [
+                self._seen_version,
+                *(r.config_version for r in reports),
+                *(int(info.get("config_version", 0)) for info in alive.values()),
+            ]
         )
         self.latest.update((r.worker, r) for r in reports)
         for gone in set(self.latest) - set(alive):
             del self.latest[gone]
-        if reports:
-            # Worker windows are not aligned with ticks: a tick may hold two windows of
-            # one worker, and every arrival counts.
-            merged = pool_stats(reports, self.controller.clock.now(), len(alive) or 1)
-            # The controller reads its own in-process bus (a policy switch brings a new one).
-            self.controller.bus.publish_stats(self.pool, merged)
-        controller = self.controller
-        record = controller.tick()
-        if self.state.leader:
-            if controller.version > self.state.published_version:
-                await self._publish()
-            if record is not None and controller.records and controller.records[-1] is record:
-                await self.bus.record_decision(self.pool, {"time": time.time(), **record.to_dict()})
-            if self.state.ticks % TRIM_EVERY_TICKS == 0:
-                await self.bus.trim_history(self.pool, int(time.time()))
-        self.state.ready = True
-        self.state.ticks += 1
-        self.state.last_tick_s = time.monotonic() - started
-        if self.observer is not None:
-            self.observer(self, record)
+        return reports
+
+    async def _refit_forecast(self) -> None:
+        """Run the feed's pending refit on a thread; install it once it is done."""
+        feed = self.controller.feed
+        if feed is None:
+            return
+        if self._refit is not None and self._refit.done():
+            task, self._refit = self._refit, None
+            job, fitted = task.result()  # a failed fit raises here, at stage "refit"
+            feed.install(job, fitted)
+            self.state.refits += 1
+        if self._refit is None:
+            job = feed.take_fit_job()
+            if job is not None:
+                self._refit = asyncio.create_task(_fit(job), name=f"refit-{self.pool}")
+
+    async def _record(self, record: DecisionRecord) -> None:
+        entry = {"time": time.time(), **record.to_dict(), "version": self.state.version}
+        await self.bus.record_decision(self.pool, entry)
 
     async def _elect(self) -> None:
         leading = await self.bus.acquire_or_renew_lease(self.pool, self.holder, self.lease_s)
@@ -141,34 +201,65 @@ class ControlLoop:
             stored = await self.bus.current_config(self.pool)
             if stored is not None:
                 self._seen_version = max(self._seen_version, stored.version)
+                self.state.version = stored.version
         if elected:
             await self._adopt()
             log.info("%s leads pool %s", self.holder, self.pool)
         self.state.leader = leading
 
     async def _adopt(self) -> None:
-        """Start from the config in force and above its version; if the bus holds none
-        or an older one (a Redis that lost its data), publish ours so workers find it."""
+        """Start from the config in force if the bus holds one at or above every version
+        seen; otherwise (none stored, or a Redis that lost its data) publish ours."""
         current = await self.bus.current_config(self.pool)
-        newest = max(self.controller.version, self._seen_version)
-        if current is not None and current.version >= newest:
-            self.controller.adopt(current.config, current.version)
-            self.state.published_version = current.version
+        if current is not None and current.version >= self._seen_version:
+            self.controller.adopt(current.config)
+            self._published = current.config
+            self.state.version = self.state.published_version = current.version
         else:
-            await self._publish()
+            await self._publish(self.controller.config)
 
-    async def _publish(self) -> None:
+    async def _publish(self, config: BatchConfig) -> None:
         current = await self.bus.current_config(self.pool)
-        floor = max(current.version if current else 0, self._seen_version)
-        version = max(self.controller.version, floor + 1)
-        self.controller.version = version
-        config = VersionedConfig(version, self.controller.config)
-        if await self.bus.publish_config(self.pool, config):
-            self.state.published_version = version
+        version = max(current.version if current else 0, self._seen_version) + 1
+        if await self.bus.publish_config(self.pool, VersionedConfig(version, config)):
+            self._published = config
+            self._seen_version = version
+            self.state.version = self.state.published_version = version
 
-    def _lost(self, error: Exception) -> None:
-        if self.state.ready:
-            log.warning("redis unreachable (%s); keeping state, retrying", error)
+    def _failed(self, failure: TickFailed) -> None:
+        self.state.errors[failure.stage] += 1
+        cause = failure.__cause__
+        if isinstance(cause, RedisError | OSError):
+            if self.state.ready:
+                log.warning("%s: bus unreachable (%s); keeping state, retrying", self.pool, cause)
+            self.state.leader = False
+        else:  # a bug must not end control silently
+            log.error("%s: tick failed at %s", self.pool, failure.stage, exc_info=cause)
         self.state.ready = False
-        self.state.leader = False
-        self.state.last_error = str(error)
+        self.state.last_error = f"{failure.stage}: {cause!r}"
+
+
+def _step(
+    controller: Controller, reports: list[WorkerStats], now: float, alive: int
+) -> DecisionRecord:
+    tick_s = controller.settings.tick_s
+    # Rates scale to the workers alive; a report from a worker whose heartbeat has not
+    # landed yet still counts as one.
+    workers = max(alive, len({r.worker for r in reports}))
+    try:
+        return controller.step(now, observe_pool(reports, now, tick_s, workers))
+    except Exception as error:
+        raise TickFailed("step", error) from error
+
+
+async def _stage(stage: str, awaitable: Awaitable):
+    try:
+        return await awaitable
+    except asyncio.CancelledError:
+        raise
+    except Exception as error:
+        raise TickFailed(stage, error) from error
+
+
+async def _fit(job):
+    return job, await asyncio.to_thread(job.run)

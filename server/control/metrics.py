@@ -72,6 +72,17 @@ class _PoolCollector:
             "The forecast for the current step: mean and band bounds.",
             labels=["pool", "bound"],
         )
+        errors = CounterMetricFamily(
+            "tidal_controller_tick_errors",
+            "Control ticks that failed, by the stage that failed (elect, read, step, refit, "
+            "publish, record, trim).",
+            labels=["pool", "stage"],
+        )
+        malformed = CounterMetricFamily(
+            "tidal_controller_malformed_stats",
+            "Worker stats entries skipped because they did not parse.",
+            labels=["pool"],
+        )
         scored = CounterMetricFamily(
             "tidal_controller_forecast_steps",
             "Forecast steps scored against actual load, and those outside the band.",
@@ -86,13 +97,16 @@ class _PoolCollector:
                 "config_max_batch_size": config.max_batch_size,
                 "config_timeout_seconds": config.timeout_s,
                 "config_warm_max_batch_size": config.warm_target,
-                "config_version": controller.version,
+                "config_version": state.version,
                 "fallback_active": float(controller.mode is Mode.FALLBACK),
                 "override_active": float(control.active_override() is not None),
                 "leader": float(state.leader),
                 "ready": float(state.ready),
                 "workers_alive": state.workers_alive,
             }
+            for stage, count in state.errors.items():
+                errors.add_metric([pool, stage], count)
+            malformed.add_metric([pool], state.malformed_stats)
             feed = controller.feed
             if feed is not None and feed.last_error_rps is not None:
                 values["forecast_error_requests_per_second"] = feed.last_error_rps
@@ -112,3 +126,5 @@ class _PoolCollector:
         yield from gauges.values()
         yield forecast
         yield scored
+        yield errors
+        yield malformed

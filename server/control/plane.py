@@ -23,7 +23,6 @@ from typing import Any
 import numpy as np
 from redis.exceptions import RedisError
 
-from adaptive.bus import InMemoryBus
 from adaptive.config import BatchConfig
 from adaptive.controller import Controller, ControllerSettings, Override
 from adaptive.decisions import config_dict
@@ -33,7 +32,7 @@ from adaptive.policy import Policy
 from adaptive.specs import PolicyContext, build_policy
 from forecaster.events import Event, event_to_dict, events_from_document
 from server.bus.protocols import PoolBus
-from server.clock import WallClock
+from server.clock import LoopClock
 from server.control.loop import ControlLoop, TickObserver
 from server.tasks import cancel_and_wait
 from simulations.calibration import performance_table
@@ -97,25 +96,45 @@ class PoolControl:
         self.bus = bus
         self.holder = holder
         self.observer = observer
-        self.clock = WallClock()
+        self.clock = LoopClock()
         self.origin_s = self.clock.origin_s
         self.policy_spec = plan.policy
         self.events = plan.events
         self.pinned: PinnedConfig | None = None
         self._seen: dict[str, Any] | None = None  # the bus's settings last applied
+        self._built: dict[str, Policy] = {}  # policies built before serving (`prepare`)
         self.loop: ControlLoop | None = None
+        self.start_error: str | None = None  # why the pool never started ticking
+        self.settings_error: str | None = None  # why stored settings were not applied
         self._task: asyncio.Task | None = None
         self._lock = asyncio.Lock()
 
     # -- lifecycle -------------------------------------------------------------------
 
+    def prepare(self) -> None:
+        """Build the plan's policies now, before serving: a bad spec fails the command in
+        its first seconds (InvalidInput naming the spec), not in a background task."""
+        for spec in filter(None, (self.plan.policy, self.plan.shadow)):
+            self._built[spec] = build_policy(spec, self.policy_context())
+
     async def start(self) -> None:
-        """Restore the pool's persisted settings, build the controller, start ticking."""
+        """Restore the pool's persisted settings, build the controller, start ticking.
+        Failures are recorded in `start_error` (the API's /readyz shows it) and raised."""
+        try:
+            await self._start()
+        except BaseException as error:
+            self.start_error = f"{type(error).__name__}: {error}"
+            log.error("%s: the control loop did not start", self.pool, exc_info=error)
+            raise
+
+    async def _start(self) -> None:
+        self.clock.now()  # clock zero, and origin_s with it, before anything is timed
+        self.origin_s = self.clock.origin_s
         with contextlib.suppress(RedisError, OSError):  # unreachable: the plan's settings
             stored = await self.bus.load_settings(self.pool)
             if stored:
-                self.policy_spec = await self._restore(stored)
                 self._seen = stored
+                self.policy_spec = await self._restore_or_keep(stored)
         controller = await self._controller(self.policy_spec)
         self.loop = ControlLoop(
             controller,
@@ -124,8 +143,22 @@ class PoolControl:
             self.plan.lease_s,
             self.observer,
             sync_settings=self._sync_settings,
+            clock=self.clock,
         )
         self._task = asyncio.create_task(self.loop.run(), name=f"control-{self.pool}")
+
+    async def _restore_or_keep(self, stored: dict[str, Any]) -> str:
+        """Take the stored settings; if they are bad (a stored policy that no longer
+        builds, events a newer release wrote), say so loudly and keep the plan's."""
+        try:
+            spec = await self._restore(stored)
+            await self.build_policy(spec)
+            return spec
+        except InvalidInput as error:
+            self.settings_error = f"stored settings of pool {self.pool!r} ignored: {error}"
+            log.error("%s", self.settings_error)
+            self.events, self.pinned = self.plan.events, None
+            return self.plan.policy
 
     async def stop(self) -> None:
         if self._task is None:
@@ -146,8 +179,10 @@ class PoolControl:
         try:
             policy = await self._restore(stored)
         except InvalidInput as error:  # never stop controlling over a bad stored setting
-            log.error("%s: ignoring stored settings: %s", self.pool, error)
+            self.settings_error = f"stored settings of pool {self.pool!r} ignored: {error}"
+            log.error("%s", self.settings_error)
             return
+        self.settings_error = None
         self.controller.set_events(self.events)
         self.controller.pin(self._override())
         if policy != self.policy_spec:
@@ -190,6 +225,9 @@ class PoolControl:
     async def build_policy(self, spec: str) -> Policy:
         """The policy a spec names; InvalidInput names the spec and option. Compiling the
         optimiser's table takes seconds of CPU, so it runs off the event loop."""
+        built = self._built.pop(spec, None)
+        if built is not None:
+            return built
         return await asyncio.to_thread(build_policy, spec, self.policy_context())
 
     async def _controller(self, spec: str, policy: Policy | None = None) -> Controller:
@@ -205,8 +243,9 @@ class PoolControl:
             origin_s=self.origin_s,
             events=self.events,
             guardrails=plan.guardrails,
+            defer_fits=True,
         )
-        controller = Controller(policy, InMemoryBus(), self.clock, settings, shadow=shadow)
+        controller = Controller(policy, settings, shadow=shadow)
         controller.pin(self._override())
         with contextlib.suppress(RedisError, OSError):
             await self._prime(controller)
@@ -220,16 +259,21 @@ class PoolControl:
         _, counts = await self._recorded(feed.history_s)
         if not counts.size:
             return
-        feed.prime(counts, controller.clock.now())
+        feed.prime(counts, self.clock.now())
         log.info("%s: forecast primed with %d s of recorded traffic", self.pool, counts.size)
 
     async def _recorded(self, span_s: float) -> tuple[int, np.ndarray]:
-        """Arrivals per second over the last `span_s`, from the first recorded second to
-        now (seconds with no report count 0), and the Unix second they start at."""
+        """Arrivals per second over the last `span_s`, from the first recorded second
+        through the last (a second inside with no report counts 0), and the Unix second
+        they start at. Seconds after the last report are unknown, not idle: nobody was
+        recording them (a controller restarting while workers were away), so they are
+        left out rather than counted as zero traffic."""
         now = int(time.time())
-        recorded = await self.bus.arrivals_per_second(self.pool, now - int(span_s), now)
-        first = min(recorded, default=now)
-        counts = np.zeros(now - first)
+        recorded = await self.bus.arrivals_per_second(self.pool, now - int(span_s), now + 1)
+        if not recorded:
+            return now, np.zeros(0)
+        first, last = min(recorded), max(recorded)
+        counts = np.zeros(last - first + 1)
         for second, n in recorded.items():
             counts[second - first] = n
         return first, counts
@@ -252,8 +296,7 @@ class PoolControl:
         """Switch policy; the config in force and its version carry over."""
         async with self._lock:
             fresh = await self._controller(spec, policy)
-            old = self.controller
-            fresh.adopt(old.config, old.version)
+            fresh.adopt(self.controller.config)
             self.loop.controller = fresh
             self.policy_spec = spec  # as the operator wrote it
             if persist:
@@ -262,6 +305,7 @@ class PoolControl:
     async def pin(self, config: BatchConfig, for_s: float, reason: str) -> PinnedConfig:
         self.pinned = PinnedConfig(config, time.time() + for_s, reason)
         self.controller.pin(self._override())
+        await self.loop.publish_if_changed()  # a pin applies at once, not at the next tick
         await self.bus.save_setting(self.pool, "override", self.pinned.to_dict())
         return self.pinned
 
