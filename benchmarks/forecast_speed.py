@@ -19,8 +19,9 @@ import warnings
 import numpy as np
 from statsmodels.tsa.holtwinters import ExponentialSmoothing
 
-from forecaster.models import Holt, HoltWinters, MstlHolt, SeasonalNaive
+from forecaster.models import SeasonalNaive
 from forecaster.series import RateSeries
+from forecaster.smoothing import Holt, HoltWinters, MstlHolt
 
 STEP_S, DAY_STEPS, HORIZON = 60.0, 1440, 10
 

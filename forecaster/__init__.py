@@ -2,5 +2,6 @@
 
 `Forecaster.fit(series)` returns a `FittedForecaster`, whose `update(values)` absorbs new
 observations cheaply (every control tick) and whose `predict(steps)` returns a
-`Forecast`. Only `forecaster.models` imports statsmodels.
+`Forecast`. Only `forecaster.smoothing` (Holt, Holt-Winters, MSTL) imports statsmodels,
+and only when a spec builds one.
 """

@@ -1,22 +1,19 @@
 """Forecaster specs (`holt-winters:seasonal=mul`, `seasonal-naive:period=1w`, `auto`)
-and the `auto` model that picks per series by rolling backtest error."""
+and the `auto` model that picks per series by rolling backtest error.
+
+The statsmodels-backed models (`forecaster.smoothing`) are imported only when a spec
+builds one, so parsing and checking specs, and seasonal-naive, stay light.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import ModuleType
 
 import numpy as np
 
 from forecaster.forecast import Forecast
-from forecaster.models import (
-    DAY_S,
-    FittedForecaster,
-    Forecaster,
-    Holt,
-    HoltWinters,
-    MstlHolt,
-    SeasonalNaive,
-)
+from forecaster.models import DAY_S, FittedForecaster, Forecaster, SeasonalNaive
 from forecaster.series import RateSeries
 from tidal_base.errors import InvalidInput
 from tidal_base.specs import parse_spec
@@ -35,22 +32,35 @@ def build_forecaster(text: str) -> Forecaster:
 
     if spec.name == "seasonal-naive":
         model: Forecaster = SeasonalNaive(take_duration("period", DAY_S))
-    elif spec.name == "holt":
-        model = Holt()
+    elif spec.name not in MODEL_NAMES:
+        raise InvalidInput(f"unknown forecaster {spec.name!r} (known: {', '.join(MODEL_NAMES)})")
     elif spec.name == "holt-winters":
         seasonal = options.pop("seasonal", "add")
         if seasonal not in ("add", "mul"):
             raise InvalidInput(f"forecaster {text!r}: seasonal must be add or mul")
-        model = HoltWinters(take_duration("period", DAY_S), seasonal == "mul")
+        period_s = take_duration("period", DAY_S)
+        model = _smoothing().HoltWinters(period_s, seasonal == "mul")
+    elif spec.name == "holt":
+        model = _smoothing().Holt()
     elif spec.name == "mstl":
-        model = MstlHolt()
-    elif spec.name == "auto":
-        model = Auto()
+        model = _smoothing().MstlHolt()
     else:
-        raise InvalidInput(f"unknown forecaster {spec.name!r} (known: {', '.join(MODEL_NAMES)})")
+        model = Auto()
     if options:
         raise InvalidInput(f"forecaster {text!r}: unknown option {sorted(options)[0]!r}")
     return model
+
+
+def _smoothing() -> ModuleType:
+    """`forecaster.smoothing`, imported on first use: it loads statsmodels (about 1 s)."""
+    from forecaster import smoothing
+
+    return smoothing
+
+
+def _default_candidates() -> tuple[Forecaster, ...]:
+    smoothing = _smoothing()
+    return (SeasonalNaive(), smoothing.Holt(), smoothing.HoltWinters(), smoothing.MstlHolt())
 
 
 @dataclass(frozen=True)
@@ -58,7 +68,7 @@ class Auto:
     """Fits every candidate on all but the last part of the history, replays that part
     with update + predict, and keeps the candidate with the lowest error."""
 
-    candidates: tuple[Forecaster, ...] = (SeasonalNaive(), Holt(), HoltWinters(), MstlHolt())
+    candidates: tuple[Forecaster, ...] = field(default_factory=_default_candidates)
     horizon_steps: int = 10
     name: str = "auto"
 

@@ -4,9 +4,10 @@ import numpy as np
 import pytest
 
 from forecaster.events import Event, EventAware, load_events
-from forecaster.models import Holt, HoltWinters, MstlHolt, SeasonalNaive
+from forecaster.models import SeasonalNaive
 from forecaster.registry import build_forecaster
 from forecaster.series import RateSeries, resample_arrivals
+from forecaster.smoothing import Holt, HoltWinters, MstlHolt
 from server.cli import main as tidal
 from tidal_base.errors import InvalidInput
 
