@@ -22,7 +22,7 @@ import torch
 
 from adaptive.latency import parse_latency_model
 from server.worker.models import ServedModel, load_model
-from server.worker.runner import TorchRunner
+from server.worker.runner import TorchRunner, parse_device
 from tidal_base.errors import InvalidInput
 from tidal_base.units import parse_size_bytes
 
@@ -108,8 +108,13 @@ def activation_bytes(model: ServedModel, inputs: list, device: torch.device) -> 
 def run_profile(args: argparse.Namespace) -> int:
     sizes = _sizes(args.batch_sizes)
     budget = parse_size_bytes(args.memory_budget, field="--memory-budget")
+    if args.runs < 1:
+        raise InvalidInput(f"--runs must be >= 1, got {args.runs}")
+    if args.seq_len is not None and args.seq_len < 1:
+        raise InvalidInput(f"--seq-len must be >= 1, got {args.seq_len}")
+    device = parse_device(args.device)
     model = load_model(args.model)
-    runner = TorchRunner(model, args.device)
+    runner = TorchRunner(model, str(device))
     points = []
     for size in sizes:
         times = measure(runner, _inputs(model, size, args.seq_len), args.runs)

@@ -8,9 +8,15 @@
     GET  /healthz    GET /v1/stats    GET /metrics (Prometheus text)
     PUT  /v1/config  {"max_batch": 32, "timeout_ms": 10, "warm_max_batch": 64}
 
+`PUT /v1/config` is for a standalone worker and needs the bearer token (as the control
+plane's writes do); a worker in a pool answers it 409, because the pool's controller
+owns the config (a config set here would share a version number with the controller's
+different one, and nothing would flag the diverged pool).
+
 Errors are JSON `{"error": "...", "field": "..."}`: 422 for a malformed body or an input
 the model cannot take (naming the field), 429 with Retry-After when the queue is full,
-504 when a request's deadline passes in the queue, 503 while draining.
+504 when a request's deadline passes in the queue, 503 while draining or after the
+dispatch loop died (`/healthz` is 503 then too), 401/403 for a missing or wrong token.
 """
 
 from __future__ import annotations
@@ -18,14 +24,21 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from fastapi import FastAPI, Header, Request
+from fastapi import Depends, FastAPI, Header, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel, Field, ValidationError
 
 from adaptive.config import BatchConfig
+from server.http_auth import TokenCheck
 from server.http_errors import error_response, first_invalid, install_error_handlers
-from server.worker.batching import DeadlineExceeded, DynamicBatcher, QueueFull, ShuttingDown
+from server.worker.batching import (
+    DeadlineExceeded,
+    DynamicBatcher,
+    QueueFull,
+    ShuttingDown,
+    WorkerFailed,
+)
 from server.worker.link import WorkerLink
 from server.worker.metrics import WorkerMetrics
 from server.worker.models import ServedModel
@@ -45,10 +58,14 @@ class ConfigRequest(BaseModel):
 
 
 def create_app(
-    model: ServedModel, batcher: DynamicBatcher, link: StatsReporter | WorkerLink | None = None
+    model: ServedModel,
+    batcher: DynamicBatcher,
+    link: StatsReporter | WorkerLink | None = None,
+    token: str | None = None,
 ) -> FastAPI:
     """The worker's app; the batcher (and its bus link, if any) start and stop with the
-    app's lifespan. The link stops after the drain, so the last window is reported."""
+    app's lifespan. The link stops after the drain, so the last window is reported.
+    `token` guards a standalone worker's `PUT /v1/config` (None: refused)."""
     registry = CollectorRegistry()
     metrics = WorkerMetrics(registry, batcher)
 
@@ -94,6 +111,9 @@ def create_app(
         except ShuttingDown as error:
             metrics.outcome("draining")
             return error_response(503, str(error))
+        except WorkerFailed as error:
+            metrics.outcome("failed")
+            return error_response(503, str(error))
         metrics.served(served)
         return {
             "output": served.output,
@@ -106,14 +126,39 @@ def create_app(
         }
 
     @app.get("/healthz")
-    async def healthz() -> dict[str, str]:
+    async def healthz() -> Any:
+        if not batcher.ready:
+            return error_response(503, f"not serving: the dispatch loop died ({batcher.failure!r})")
         return {"status": "ok", "model": model.name}
 
     @app.get("/v1/stats")
     async def stats() -> dict[str, Any]:
         return _stats(batcher)
 
-    @app.put("/v1/config")
+    if link is not None:
+        _pooled_config_endpoint(app, link.pool)
+    else:
+        _standalone_config_endpoint(app, batcher, token)
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+def _pooled_config_endpoint(app: FastAPI, pool: str) -> None:
+    @app.put("/v1/config", status_code=409)
+    async def put_config() -> JSONResponse:
+        return error_response(
+            409,
+            f"this worker serves pool {pool!r}, whose controller owns the config: pin one "
+            f"through the controller's PUT /v1/pools/{pool}/override",
+        )
+
+
+def _standalone_config_endpoint(app: FastAPI, batcher: DynamicBatcher, token: str | None) -> None:
+    @app.put("/v1/config", dependencies=[Depends(TokenCheck(token))])
     async def put_config(body: ConfigRequest) -> Any:
         try:
             config = BatchConfig(body.max_batch, body.timeout_ms / 1e3, body.warm_max_batch)
@@ -121,12 +166,6 @@ def create_app(
             return error_response(422, str(error), "config")
         batcher.reconfigure(config, batcher.version + 1)
         return _stats(batcher)
-
-    @app.get("/metrics")
-    async def prometheus() -> Response:
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
-
-    return app
 
 
 async def _parse_infer(request: Request, model: ServedModel):
@@ -173,5 +212,8 @@ def _stats(batcher: DynamicBatcher) -> dict[str, Any]:
         "mean_batch_size": s.batch_size_sum / s.batches if s.batches else None,
         "busy_s": round(s.busy_s, 6),
         "oom_splits": s.oom_splits,
+        "warmup_ooms": s.warmup_ooms,
+        "ready": batcher.ready,
+        "background_errors": dict(batcher.errors.counts),
         "padding_waste": s.padding_waste_sum / s.batches if s.batches else None,
     }

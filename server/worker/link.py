@@ -5,7 +5,11 @@ TTL: a worker that stops beating leaves the pool). It applies the pool's config 
 newer version is announced, and reads the config hash whenever it (re)connects, so a
 missed notification is never a missed config. If Redis goes away the worker keeps
 serving with its last config and its queue; stats are kept (bounded) and sent when
-Redis returns, and the link retries with exponential backoff.
+Redis returns, and the link retries with exponential backoff. Any other failure in
+either loop is logged with its traceback and counted
+(`tidal_worker_background_errors_total{task="link-report"|"link-config"}`), and the
+loop goes on. Reports fall due at fixed instants on the link's clock (the batcher's),
+`interval_s` apart, so a slow publish does not make the windows drift.
 """
 
 from __future__ import annotations
@@ -19,8 +23,10 @@ from collections import deque
 from redis.exceptions import RedisError
 
 from adaptive.bus import WorkerStats
+from adaptive.clock import Clock
 from server.bus.protocols import PoolBus
 from server.tasks import cancel_and_wait
+from server.worker.background import spawn
 from server.worker.batching import DynamicBatcher
 from server.worker.reporter import StatsCollector, apply_if_newer
 
@@ -39,23 +45,27 @@ class WorkerLink:
         interval_s: float = 1.0,
         heartbeat_ttl_s: float = 3.0,
         max_unsent: int = 3600,
+        clock: Clock | None = None,
     ) -> None:
         self.batcher = batcher
+        self.clock = clock if clock is not None else batcher.clock
         self.bus = bus
         self.pool = pool
         self.worker = worker
         self.interval_s = interval_s
         self.heartbeat_ttl_s = heartbeat_ttl_s
-        self.collector = StatsCollector(batcher, worker, interval_s)
+        self.collector = StatsCollector(batcher, worker, interval_s, self.clock)
         self.unsent: deque[WorkerStats] = deque(maxlen=max_unsent)
         self.connected = False
         self.configs_applied = 0
         self._tasks: list[asyncio.Task] = []
 
     def start(self) -> None:
+        self.collector.begin()
+        errors = self.batcher.errors
         self._tasks = [
-            asyncio.create_task(self._report_loop(), name="redis-report"),
-            asyncio.create_task(self._config_loop(), name="redis-config"),
+            spawn(self._report_loop(), "link-report", errors),
+            spawn(self._config_loop(), "link-config", errors),
         ]
 
     async def stop(self) -> None:
@@ -66,14 +76,18 @@ class WorkerLink:
             await self._flush()
 
     async def _report_loop(self) -> None:
+        due_at = self.clock.now()
         while True:
-            await asyncio.sleep(self.interval_s)
+            due_at += self.interval_s
+            await asyncio.sleep(max(0.0, due_at - self.clock.now()))
             self.unsent.append(self.collector.collect())
             try:
                 await self._flush()
                 await self.bus.heartbeat(self.pool, self.worker, self._info(), self.heartbeat_ttl_s)
             except (RedisError, OSError) as error:
                 self._lost(error)
+            except Exception as error:  # a bug, not an outage: loud, counted, carry on
+                self.batcher.errors.record("link-report", error)
 
     async def _flush(self) -> None:
         while self.unsent:
@@ -95,8 +109,10 @@ class WorkerLink:
                         await notices.aclose()
             except (RedisError, OSError) as error:
                 self._lost(error)
-                await asyncio.sleep(BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)])
-                attempt += 1
+            except Exception as error:  # a bug, not an outage: loud, counted, retried
+                self.batcher.errors.record("link-config", error)
+            await asyncio.sleep(BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)])
+            attempt += 1
 
     async def _sync_config(self) -> None:
         if apply_if_newer(self.batcher, await self.bus.current_config(self.pool)):

@@ -117,6 +117,20 @@ class _StateCollector:
         yield _counter(
             "tidal_worker_oom_splits", "Batches split after running out of memory.", s.oom_splits
         )
+        yield _counter(
+            "tidal_worker_warmup_ooms",
+            "Bucket warm-ups that ran out of memory (the accepted cap drops to what warmed).",
+            s.warmup_ooms,
+        )
+        errors = CounterMetricFamily(
+            "tidal_worker_background_errors",
+            "Failures of background tasks (dispatch, warm-up, link loops), logged with tracebacks.",
+            labels=["task"],
+        )
+        for task, count in sorted(b.errors.counts.items()):
+            errors.add_metric([task], count)
+        yield errors
+        yield _gauge("tidal_worker_ready", "1 while the dispatch loop runs, else 0.", b.ready)
         yield _gauge(
             "tidal_worker_padding_waste_ratio",
             "Mean share of padded slots in variable-length batches.",

@@ -2,7 +2,8 @@
 
 `StatsCollector` turns the batcher's counters into one `WorkerStats` per window
 (arrivals, completions, sheds, a latency histogram, batch sizes, busy seconds, queue
-depth, warmed buckets, the config version in force). `StatsReporter` publishes them on
+depth, warmed buckets, the config version in force), each covering the seconds measured
+on the batcher's clock since the last one. `StatsReporter` publishes them on
 an in-process `Bus` and applies the pool's config when its version is newer than the
 one running, so a missed or repeated message never moves a worker backwards; it reads
 the config on its first tick too, so a worker that (re)joins picks up the pool's config.
@@ -12,23 +13,36 @@ the config on its first tick too, so a worker that (re)joins picks up the pool's
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 import numpy as np
 
 from adaptive.bus import Bus, VersionedConfig, WorkerStats
+from adaptive.clock import Clock
 from adaptive.histogram import LatencyHistogram
+from server.worker.background import spawn
 from server.worker.batching import DynamicBatcher
 
 
 class StatsCollector:
-    """Counters since the last window, as a `WorkerStats`."""
+    """Counters since the last window, as a `WorkerStats`.
 
-    def __init__(self, batcher: DynamicBatcher, worker: str, window_s: float) -> None:
+    A window covers the seconds since the previous `collect` (or `begin`) on `clock`
+    (the batcher's by default), so a short last window at shutdown is not read as a
+    lull; before `begin`, the first window counts as the nominal `window_s`."""
+
+    def __init__(
+        self, batcher: DynamicBatcher, worker: str, window_s: float, clock: Clock | None = None
+    ) -> None:
         self.batcher = batcher
         self.worker = worker
         self.window_s = window_s
+        self.clock = clock if clock is not None else batcher.clock
         self._last = (0, 0, 0, 0.0)  # arrivals, completed, shed, busy seconds
+        self._window_started_at: float | None = None
+
+    def begin(self) -> None:
+        """Start the first window now."""
+        self._window_started_at = self.clock.now()
 
     def collect(self) -> WorkerStats:
         s = self.batcher.stats
@@ -39,7 +53,7 @@ class StatsCollector:
         self._last = (s.arrivals, s.completed, s.shed, s.busy_s)
         return WorkerStats(
             worker=self.worker,
-            window_s=self.window_s,
+            window_s=self._measure_window_s(),
             arrivals=s.arrivals - arrivals,
             completed=s.completed - completed,
             shed=s.shed - shed,
@@ -52,6 +66,11 @@ class StatsCollector:
             warmed_buckets=self.batcher.warmed_buckets,
             config_version=self.batcher.version,
         )
+
+    def _measure_window_s(self) -> float:
+        now = self.clock.now()
+        started_at, self._window_started_at = self._window_started_at, now
+        return self.window_s if started_at is None else now - started_at
 
 
 def apply_if_newer(batcher: DynamicBatcher, published: VersionedConfig | None) -> bool:
@@ -76,20 +95,27 @@ class StatsReporter:
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name="stats-reporter")
+        self.collector.begin()
+        self._task = spawn(self._loop(), "stats-reporter", self.batcher.errors)
 
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await asyncio.wait({self._task})  # a failure was reported when it happened
         self.report()  # the last partial window
 
     async def _loop(self) -> None:
         while True:
-            apply_if_newer(self.batcher, self.bus.current_config(self.pool))
+            self._step(lambda: apply_if_newer(self.batcher, self.bus.current_config(self.pool)))
             await asyncio.sleep(self.interval_s)
-            self.report()
+            self._step(self.report)
+
+    def _step(self, step) -> None:
+        """One step of the loop; a failure is logged and counted, and the loop goes on."""
+        try:
+            step()
+        except Exception as error:
+            self.batcher.errors.record("stats-reporter", error)
 
     def report(self) -> WorkerStats:
         stats = self.collector.collect()

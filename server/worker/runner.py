@@ -21,6 +21,25 @@ from typing import Any, Protocol
 import torch
 
 from server.worker.models import ServedModel
+from tidal_base.errors import InvalidInput
+
+
+def parse_device(text: str) -> torch.device:
+    """`--device`: cpu, cuda or cuda:N, and only a CUDA device this machine has (checked
+    before a model is loaded, so a typo costs a line, not a warm-up)."""
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise InvalidInput(f"--device: expected cpu, cuda or cuda:N, got {text!r}")
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise InvalidInput(f"--device {text}: this machine has no CUDA device")
+        if device.index is not None and device.index >= count:
+            raise InvalidInput(f"--device {text}: this machine has {count} CUDA device(s)")
+    return device
 
 
 class ModelRunner(Protocol):
