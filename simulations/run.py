@@ -192,8 +192,8 @@ class _PolicyRun:
         controller = self.controller
         stats = self.pool.advance(t_start, t_end, arrivals, controller.config)
         self._accumulate(stats)
-        report = self._report(t_end, stats)
         settings = self.settings
+        report = pool_report(self.pool, stats, t_end, settings.tick_s, self.version)
         observed = observe_pool([report], t_end, settings.tick_s, settings.pool.workers)
         record = controller.step(t_end, observed)
         if record.changed:
@@ -201,33 +201,6 @@ class _PolicyRun:
         if record.noteworthy:
             self.records.append(replace(record, version=self.version))
         self.wall_s += time.perf_counter() - started
-
-    def _report(self, now: float, s: TickStats) -> WorkerStats:
-        """The tick as the pool's workers would report it over the bus."""
-        warm = self.pool.warmup_status(now)
-        histogram = self.pool.tick_histogram
-        buckets = np.flatnonzero(histogram) if s.completed else ()
-        return WorkerStats(
-            worker=self.POOL,
-            window_s=self.settings.tick_s,
-            arrivals=s.arrivals,
-            completed=s.completed,
-            shed=s.shed,
-            latency_buckets=tuple(zip(buckets, histogram[buckets], strict=True))
-            if s.completed
-            else (),
-            latency_sum_s=s.latency_sum_s,
-            batch_sizes=(),
-            busy_s=s.busy_s,
-            queue_depth=s.queue_depth,
-            max_batch_size=self.pool.served_max_batch,
-            warmed_buckets=None if warm is None else warm.warmed,
-            config_version=self.version,
-            replicas=self.settings.pool.workers,
-            batches=s.batches,
-            batch_size_sum=s.batch_size_sum,
-            fill_sum=s.fill_sum,
-        )
 
     def _accumulate(self, s: TickStats) -> None:
         c = self.counts
@@ -301,6 +274,35 @@ class _PolicyRun:
             safety_shed=settings.max_queue is None and shed > 0,
             records=self.pool.records() if settings.record_requests else None,
         )
+
+
+def pool_report(
+    pool: SimulatedPool, s: TickStats, now: float, tick_s: float, version: int
+) -> WorkerStats:
+    """A simulated pool's tick as its workers would report it over the bus: one
+    `WorkerStats` that covers all of them (`replicas`)."""
+    warm = pool.warmup_status(now)
+    histogram = pool.tick_histogram
+    buckets = np.flatnonzero(histogram) if s.completed else np.zeros(0, dtype=np.int64)
+    return WorkerStats(
+        worker=_PolicyRun.POOL,
+        window_s=tick_s,
+        arrivals=s.arrivals,
+        completed=s.completed,
+        shed=s.shed,
+        latency_buckets=tuple(zip(buckets.tolist(), histogram[buckets].tolist(), strict=True)),
+        latency_sum_s=s.latency_sum_s,
+        batch_sizes=(),
+        busy_s=s.busy_s,
+        queue_depth=s.queue_depth,
+        max_batch_size=pool.served_max_batch,
+        warmed_buckets=None if warm is None else warm.warmed,
+        config_version=version,
+        replicas=pool.settings.workers,
+        batches=s.batches,
+        batch_size_sum=s.batch_size_sum,
+        fill_sum=s.fill_sum,
+    )
 
 
 ProgressCallback = Callable[[float], None]

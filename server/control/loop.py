@@ -101,6 +101,7 @@ class ControlLoop:
         self._published: BatchConfig | None = None
         self._cursor = "$"  # only stats that arrive from now on
         self._refit: asyncio.Task | None = None
+        self._replicas = 0
 
     async def run(self) -> None:
         """Tick every `settings.tick_s` until cancelled; failures back off, never end it."""
@@ -125,7 +126,7 @@ class ControlLoop:
         reports = await _stage("read", self._read())
         record = None
         if reports:
-            record = _step(self.controller, reports, self.clock.now(), self.state.workers_alive)
+            record = _step(self.controller, reports, self.clock.now(), self._replicas)
         await _stage("refit", self._refit_forecast())
         if self.state.leader:
             await _stage("publish", self.publish_if_changed())
@@ -161,6 +162,8 @@ class ControlLoop:
         self.state.malformed_stats += malformed
         alive = await self.bus.workers_alive(self.pool)
         self.state.workers_alive = len(alive)
+        # A heartbeat may speak for several replicas (a simulated pool, an engine adapter).
+        self._replicas = sum(int(info.get("replicas", 1)) for info in alive.values())
         self._seen_version = max(
             [
                 self._seen_version,
@@ -243,9 +246,10 @@ def _step(
     controller: Controller, reports: list[WorkerStats], now: float, alive: int
 ) -> DecisionRecord:
     tick_s = controller.settings.tick_s
-    # Rates scale to the workers alive; a report from a worker whose heartbeat has not
-    # landed yet still counts as one.
-    workers = max(alive, len({r.worker for r in reports}))
+    # Rates scale to the replicas alive; a reporter whose heartbeat has not landed yet
+    # still counts for the replicas it reports.
+    reporting = sum({r.worker: r.replicas for r in reports}.values())
+    workers = max(alive, reporting)
     try:
         return controller.step(now, observe_pool(reports, now, tick_s, workers))
     except Exception as error:
