@@ -1,58 +1,127 @@
-"""The live batcher shell, with a cheap runner: rule, config changes, OOM split, deadlines."""
+"""The live batcher shell: rule, config changes, warm-up, OOM split, deadlines, drain.
+
+Shell logic runs in virtual time (`run_virtual`) on a `ModelledExecution`, so dispatch
+instants and warm-ups are asserted exactly; a few tests run the real thing (threads, a
+real torch model) as proof that it works outside virtual time.
+"""
 
 import asyncio
+import logging
+import threading
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from virtual_time import run_virtual
 
 from adaptive.config import BatchConfig
-from server.worker.batching import DeadlineExceeded, DynamicBatcher, QueueFull
-from server.worker.runner import OutOfMemory
+from adaptive.warmup import WarmupTracker
+from server.worker.batching import DeadlineExceeded, DynamicBatcher, QueueFull, WorkerFailed
+from server.worker.runner import ModelledExecution, OutOfMemory
 
 
 class EchoRunner:
-    """Returns each input doubled after base + per-item seconds; records batch sizes."""
+    """Returns each input doubled after base + per-item seconds; records batch sizes.
+    `fits`: larger batches run out of memory; `warm_fits`: larger buckets do when warmed."""
 
-    def __init__(self, base_s=0.002, per_item_s=0.0, fits=None):
-        self.base_s, self.per_item_s, self.fits = base_s, per_item_s, fits
+    def __init__(self, base_s=0.002, per_item_s=0.0, fits=None, warm_fits=None):
+        self.base_s, self.per_item_s, self.fits, self.warm_fits = (
+            base_s,
+            per_item_s,
+            fits,
+            warm_fits,
+        )
         self.batches: list[list[int]] = []
         self.warmed: list[int] = []
+        self.dispatched_at: list[float] = []  # loop time at each run (inline: the dispatch)
 
     def run(self, inputs, padded_size):
         if self.fits is not None and len(inputs) > self.fits:
             raise OutOfMemory(f"{len(inputs)} do not fit")
         time.sleep(self.base_s + self.per_item_s * padded_size)
+        self.dispatched_at.append(_loop_time())
         self.batches.append(list(inputs))
         return [2 * x for x in inputs]
 
     def warm(self, size):
+        if self.warm_fits is not None and size > self.warm_fits:
+            raise OutOfMemory(f"bucket {size} does not fit")
         self.warmed.append(size)
         return 0.001
+
+
+def _loop_time():
+    try:
+        return asyncio.get_running_loop().time()
+    except RuntimeError:  # on a model thread
+        return float("nan")
 
 
 def run(coroutine):
     return asyncio.run(asyncio.wait_for(coroutine, 30))
 
 
+def virtual(runner, config, service_s=0.25, warm_s=1.0, **options) -> DynamicBatcher:
+    """A batcher whose batches take `service_s` (a number or f(size, padded)) and whose
+    buckets take `warm_s` each, exactly, on the virtual-time loop."""
+    service = service_s if callable(service_s) else (lambda size, padded: service_s)
+    execution = ModelledExecution(runner, service, lambda size: warm_s)
+    return DynamicBatcher(runner, config, execution=execution, spin_s=0.0, **options)
+
+
+def cold():
+    """An echo runner that takes no real time: virtual-time tests model the service."""
+    return EchoRunner(base_s=0.0)
+
+
+async def at(instant_s):
+    """Sleep until loop time `instant_s` (virtual: exactly)."""
+    await asyncio.sleep(instant_s - asyncio.get_running_loop().time())
+
+
 def test_full_batches_go_at_once_and_outputs_match_inputs():
     async def scenario():
-        runner = EchoRunner()
-        batcher = DynamicBatcher(runner, BatchConfig(8, 5.0))  # only full batches leave early
+        runner = cold()
+        batcher = virtual(runner, BatchConfig(8, 5.0))  # only full batches leave early
         await batcher.start()
-        while batcher.warming:
-            await asyncio.sleep(0.01)
+        await at(4.5)  # buckets 1, 2, 4, 8 take 1 s each
+        assert not batcher.warming and batcher.warmed_buckets == (1, 2, 4, 8)
         results = await asyncio.gather(*(batcher.submit(i) for i in range(16)))
         await batcher.drain()
         return runner, results
 
-    runner, results = run(scenario())
+    runner, results = run_virtual(scenario())
     assert [r.output for r in results] == [2 * i for i in range(16)]
     assert runner.batches == [list(range(8)), list(range(8, 16))]
+    assert runner.dispatched_at == [4.5, 4.75]  # the second waits for the one instance
+    assert [r.queue_wait_s for r in results] == [0.0] * 8 + [0.25] * 8
     assert runner.warmed == [1, 2, 4, 8]
     assert all(r.batch_size == 8 and r.padded_size == 8 for r in results)
 
 
+def test_a_partial_batch_leaves_when_its_oldest_request_has_waited_the_timeout():
+    async def scenario():
+        runner = cold()
+        batcher = virtual(runner, BatchConfig(4, 0.5), warm_at_start=False)
+        await batcher.start()
+        first = [asyncio.create_task(batcher.submit(i)) for i in range(3)]
+        await at(0.25)
+        fourth = asyncio.create_task(batcher.submit(3))  # fills the batch: leaves at once
+        await at(2.0)
+        fifth = asyncio.create_task(batcher.submit(4))
+        await asyncio.gather(*first, fourth, fifth)
+        await batcher.drain()
+        return runner
+
+    runner = run_virtual(scenario())
+    assert runner.batches == [[0, 1, 2, 3], [4]]
+    assert runner.dispatched_at == [0.25, 2.5]
+
+
 def test_config_change_mid_load_loses_duplicates_and_reorders_nothing():
+    """Real threads and the wall clock: the shell as it runs in production."""
+
     async def scenario():
         runner = EchoRunner(base_s=0.001)
         batcher = DynamicBatcher(runner, BatchConfig(4, 0.002))
@@ -73,60 +142,258 @@ def test_config_change_mid_load_loses_duplicates_and_reorders_nothing():
     assert served == list(range(300))  # FIFO, once each
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    gaps=st.lists(st.sampled_from([0.0, 0.0625, 0.125, 0.5]), min_size=1, max_size=60),
+    changes=st.lists(
+        st.tuples(st.integers(1, 12), st.sampled_from([0.0, 0.125, 0.25])), max_size=5
+    ),
+)
+def test_config_changes_in_virtual_time_keep_fifo_and_the_caps(gaps, changes):
+    async def scenario():
+        runner = cold()
+        batcher = virtual(runner, BatchConfig(4, 0.125), service_s=0.1875, warm_at_start=False)
+        await batcher.start()
+        tasks, caps = [], [4]
+        for i, gap in enumerate(gaps):
+            await asyncio.sleep(gap)
+            tasks.append(asyncio.create_task(batcher.submit(i)))
+            if changes and i % 10 == 5:
+                cap, timeout = changes[(i // 10) % len(changes)]
+                batcher.reconfigure(BatchConfig(cap, timeout))
+                caps.append(cap)
+        results = await asyncio.gather(*tasks)
+        await batcher.drain()
+        return runner, results, caps
+
+    runner, results, caps = run_virtual(scenario())
+    assert [r.output for r in results] == [2 * i for i in range(len(gaps))]
+    assert [x for batch in runner.batches for x in batch] == list(range(len(gaps)))
+    assert max(len(b) for b in runner.batches) <= max(caps)
+
+
 def test_out_of_memory_splits_until_it_runs_and_lowers_the_cap():
     async def scenario():
-        runner = EchoRunner(fits=4)
-        batcher = DynamicBatcher(runner, BatchConfig(16, 1.0), warm_at_start=False)
+        runner = EchoRunner(base_s=0.0, fits=4)
+        batcher = virtual(runner, BatchConfig(16, 1.0), warm_at_start=False)
         await batcher.start()
         results = await asyncio.gather(*(batcher.submit(i) for i in range(16)))
         await batcher.drain()
         return runner, batcher, results
 
-    runner, batcher, results = run(scenario())
+    runner, batcher, results = run_virtual(scenario())
     assert [r.output for r in results] == [2 * i for i in range(16)]
     assert batcher.stats.oom_splits == 3  # 16 -> 8+8 -> 4+4+4+4
     assert batcher.accepted_cap == 4 and batcher.serving_cap == 4
     assert max(len(b) for b in runner.batches) == 4
+    assert runner.dispatched_at == [0.0, 0.25, 0.5, 0.75]  # the halves one after another
+    assert batcher.warmed_buckets == (1, 2, 4)  # what does not fit is not kept warm
 
 
 def test_bounded_queue_sheds_and_deadline_expires_in_the_queue():
     async def scenario():
-        batcher = DynamicBatcher(
-            EchoRunner(), BatchConfig(64, 0.3), max_queue=3, warm_at_start=False
-        )
+        batcher = virtual(cold(), BatchConfig(64, 0.25), max_queue=3, warm_at_start=False)
         await batcher.start()
-        late = asyncio.create_task(batcher.submit(0, deadline_s=0.05))
+        late = asyncio.create_task(batcher.submit(0, deadline_s=0.0625))
         kept = [asyncio.create_task(batcher.submit(i)) for i in (1, 2)]
-        await asyncio.sleep(0.01)
+        await at(0.125)
         with pytest.raises(QueueFull):
             await batcher.submit(3)
         with pytest.raises(DeadlineExceeded):
             await late
-        outputs = [r.output for r in await asyncio.gather(*kept)]
+        expired_at = asyncio.get_running_loop().time()
+        served = await asyncio.gather(*kept)
+        done_at = asyncio.get_running_loop().time()
         await batcher.drain()
-        return batcher, outputs
+        return batcher, served, expired_at, done_at
 
-    batcher, outputs = run(scenario())
-    assert outputs == [2, 4]
+    batcher, served, expired_at, done_at = run_virtual(scenario())
+    assert [s.output for s in served] == [2, 4]
+    assert expired_at == 0.25 and done_at == 0.5  # answered when the batch forms, at 0.25 s
+    assert [s.queue_wait_s for s in served] == [0.25, 0.25] and served[0].batch_size == 2
     assert batcher.stats.shed == 1 and batcher.stats.expired == 1
 
 
 def test_raising_the_cap_serves_the_old_cap_until_warm():
     async def scenario():
-        runner = EchoRunner()
-        batcher = DynamicBatcher(runner, BatchConfig(4, 0.0), warm_at_start=False)
+        runner = cold()
+        batcher = virtual(runner, BatchConfig(4, 0.0), warm_at_start=False)
         await batcher.start()
         batcher.reconfigure(BatchConfig(32, 0.0))
-        caps = [batcher.serving_cap]
-        while batcher.warming:
-            await asyncio.sleep(0.001)
-        caps.append(batcher.serving_cap)
+        caps = []
+        for instant in (0.5, 1.5, 2.5, 3.5):
+            await at(instant)
+            caps.append((batcher.serving_cap, batcher.warming))
         await batcher.drain()
         return runner, caps
 
-    runner, caps = run(scenario())
-    assert caps == [4, 32]
+    runner, caps = run_virtual(scenario())
+    assert caps == [(4, True), (8, True), (16, True), (32, False)]
     assert runner.warmed == [8, 16, 32]
+
+
+def test_lowering_mid_warm_up_releases_like_the_tracker():
+    """Up to 64 at 0 s, down to 8 at 2.5 s (16 is warm, 32 warming), up to 32 at 3.25 s:
+    the released 16 must warm again, as the simulator's tracker says."""
+    plan = [(0.0, 64), (2.5, 8), (3.25, 32)]
+
+    async def scenario():
+        batcher = virtual(cold(), BatchConfig(4, 0.0), warm_at_start=False)
+        await batcher.start()
+        seen = []
+        for instant, cap in plan:
+            await at(instant)
+            batcher.reconfigure(BatchConfig(cap, 0.0))
+            seen.append((instant, batcher.warmed_buckets))
+        for instant in (3.5, 4.5, 5.5):
+            await at(instant)
+            seen.append((instant, batcher.warmed_buckets))
+        await batcher.drain()
+        return seen
+
+    seen = run_virtual(scenario())
+    tracker = WarmupTracker(1.0, 4)
+    expected = []
+    for instant, cap in plan:
+        tracker.request(cap, instant)
+        expected.append((instant, tracker.status(instant).warmed))
+    expected += [(t, tracker.status(t).warmed) for t in (3.5, 4.5, 5.5)]
+    assert seen == expected
+    assert seen[1] == (2.5, (1, 2, 4, 8))  # 16 released at once
+    assert seen[-2:] == [(4.5, (1, 2, 4, 8, 16)), (5.5, (1, 2, 4, 8, 16, 32))]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    initial=st.integers(1, 64),
+    requests=st.lists(st.tuples(st.integers(0, 3), st.integers(1, 100)), min_size=1, max_size=12),
+)
+def test_live_warm_up_follows_the_trackers_rules(initial, requests):
+    """Every bucket takes 1 s; request j lands at an instant whose fraction (j+1)/16 no
+    other request shares, so no request coincides with a warm-up finishing."""
+    times = []
+    whole = 0
+    for j, (gap, _) in enumerate(requests):
+        whole += gap
+        times.append(whole + (j + 1) / 16)
+    checks = {t - 1 / 32 for t in times} | {times[-1] + 0.5, times[-1] + 20}
+    caps = [cap for _, cap in requests]
+    events = sorted(
+        [(t, cap) for t, cap in zip(times, caps, strict=True)] + [(t, 0) for t in checks]
+    )
+
+    async def scenario():
+        batcher = virtual(cold(), BatchConfig(initial, 0.0), warm_at_start=False)
+        await batcher.start()
+        seen = []
+        for instant, cap in events:
+            await at(instant)
+            if cap:
+                batcher.reconfigure(BatchConfig(cap, 0.0))
+            else:
+                seen.append((instant, batcher.warmed_buckets, batcher.warming))
+        await batcher.drain()
+        return seen
+
+    seen = run_virtual(scenario())
+    tracker = WarmupTracker(1.0, initial)
+    expected = []
+    for instant, cap in events:
+        if cap:
+            tracker.request(cap, instant)
+        else:
+            status = tracker.status(instant)
+            expected.append((instant, status.warmed, bool(status.warming)))
+    assert seen == expected
+
+
+def test_a_bucket_out_of_memory_while_warming_ends_the_warm_up_and_lowers_the_cap(caplog):
+    async def scenario():
+        runner = EchoRunner(base_s=0.0, warm_fits=8)
+        batcher = virtual(runner, BatchConfig(32, 0.0))
+        await batcher.start()
+        await at(10.0)
+        state = (batcher.warming, batcher.warmed_buckets, batcher.accepted_cap, batcher.serving_cap)
+        results = await asyncio.gather(*(batcher.submit(i) for i in range(20)))
+        await asyncio.wait_for(batcher.drain(), 5)  # nothing resurfaces here
+        return runner, batcher, state, results
+
+    with caplog.at_level(logging.WARNING, logger="tidal.worker"):
+        runner, batcher, state, results = run_virtual(scenario())
+    assert state == (False, (1, 2, 4, 8), 8, 8)
+    assert runner.warmed == [1, 2, 4, 8]
+    assert batcher.stats.warmup_ooms == 1 and batcher.stats.oom_splits == 0
+    assert batcher.errors.counts == {}  # handled like a batch OOM, not a crash
+    assert [r.output for r in results] == [2 * i for i in range(20)]
+    assert max(len(b) for b in runner.batches) == 8
+    assert any("bucket 16 ran out of memory while warming" in r.message for r in caplog.records)
+
+
+def test_drain_while_the_last_batch_runs_returns_when_it_is_done():
+    """The in-flight set used to be emptied in a done-callback after the wake-up, so a
+    draining loop saw the batch still running and slept for good."""
+
+    async def scenario():
+        batcher = virtual(cold(), BatchConfig(1, 0.0), service_s=1.0, warm_at_start=False)
+        await batcher.start()
+        served = asyncio.create_task(batcher.submit(7))
+        await at(0.5)
+        await asyncio.wait_for(batcher.drain(), 10)  # a hang fails here, at 10.5 s
+        return (await served).output, asyncio.get_running_loop().time()
+
+    assert run_virtual(scenario()) == (14, 1.0)
+
+
+def test_a_dead_dispatch_loop_is_logged_counted_and_makes_the_worker_unready(caplog):
+    async def scenario():
+        batcher = virtual(cold(), BatchConfig(1, 0.0), service_s=1.0, warm_at_start=False)
+
+        def broken_hook(_late_s):
+            raise ZeroDivisionError("a bug in a metrics hook")
+
+        batcher.on_dispatch = broken_hook
+        await batcher.start()
+        first = asyncio.create_task(batcher.submit(1))
+        second = asyncio.create_task(batcher.submit(2))
+        await at(0.5)
+        with pytest.raises(WorkerFailed):
+            await second  # queued behind the dead loop: failed, not left hanging
+        with pytest.raises(WorkerFailed, match="dispatch loop died"):
+            await batcher.submit(3)
+        ready = batcher.ready
+        output = (await first).output  # the batch that was launched still completes
+        await asyncio.wait_for(batcher.drain(), 5)
+        return batcher, ready, output
+
+    with caplog.at_level(logging.ERROR, logger="tidal.worker"):
+        batcher, ready, output = run_virtual(scenario())
+    assert not ready and output == 2
+    assert batcher.errors.counts == {"dispatch": 1}
+    [record] = [r for r in caplog.records if "background task dispatch failed" in r.message]
+    assert record.exc_info and record.exc_info[0] is ZeroDivisionError  # with its traceback
+
+
+def test_a_failing_warm_up_is_logged_counted_and_abandoned(caplog):
+    class BrokenWarm(EchoRunner):
+        def warm(self, size):
+            if size == 4:
+                raise RuntimeError("compiler crashed")
+            return super().warm(size)
+
+    async def scenario():
+        runner = BrokenWarm(base_s=0.0)
+        batcher = virtual(runner, BatchConfig(16, 0.0))
+        await batcher.start()
+        await at(5.0)
+        state = (batcher.warming, batcher.warmed_buckets, batcher.ready)
+        await asyncio.wait_for(batcher.drain(), 5)
+        return batcher, state
+
+    with caplog.at_level(logging.ERROR, logger="tidal.worker"):
+        batcher, state = run_virtual(scenario())
+    assert state == (False, (1, 2), True)
+    assert batcher.errors.counts == {"warm-up": 1}
+    assert any(r.exc_info and "warm-up" in r.message for r in caplog.records)
 
 
 def test_compiled_buckets_warm_slowly_once_and_answer_like_eager():
@@ -179,13 +446,38 @@ def test_torchscript_files_and_user_factories_load_and_run(tmp_path):
 
 def test_instances_run_batches_concurrently():
     async def scenario():
-        runner = EchoRunner(base_s=0.05)
-        batcher = DynamicBatcher(runner, BatchConfig(1, 0.0), instances=4, warm_at_start=False)
+        runner = cold()
+        batcher = virtual(
+            runner, BatchConfig(1, 0.0), service_s=0.05, instances=4, warm_at_start=False
+        )
         await batcher.start()
-        started = time.perf_counter()
         await asyncio.gather(*(batcher.submit(i) for i in range(8)))
-        elapsed = time.perf_counter() - started
+        finished_at = asyncio.get_running_loop().time()
         await batcher.drain()
-        return elapsed
+        return runner, finished_at
 
-    assert run(scenario()) < 0.05 * 8 / 2  # four at a time: about 0.1 s, not 0.4 s
+    runner, finished_at = run_virtual(scenario())
+    assert runner.dispatched_at == [0.0] * 4 + [0.05] * 4  # four at a time
+    assert finished_at == 0.1
+
+
+def test_instances_run_on_threads_at_the_same_time():
+    """The real execution: four batches are inside the model at once (a barrier of four
+    passes only then), while the event loop stays free."""
+    barrier = threading.Barrier(4, timeout=10)
+
+    class Meeting(EchoRunner):
+        def run(self, inputs, padded_size):
+            barrier.wait()  # BrokenBarrierError unless four threads meet
+            return super().run(inputs, padded_size)
+
+    async def scenario():
+        batcher = DynamicBatcher(
+            Meeting(base_s=0.0), BatchConfig(1, 0.0), instances=4, warm_at_start=False
+        )
+        await batcher.start()
+        results = await asyncio.gather(*(batcher.submit(i) for i in range(8)))
+        await batcher.drain()
+        return [r.output for r in results], batcher.stats.failed
+
+    assert run(scenario()) == ([2 * i for i in range(8)], 0)

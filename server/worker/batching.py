@@ -253,9 +253,9 @@ class DynamicBatcher:
                 continue
             batch = self._batcher.take_nowait(max(now, deadline or now))
             if batch:
+                self._launch(batch, now)  # first: a failing hook must not lose the batch
                 if self.on_dispatch is not None and deadline is not None:
                     self.on_dispatch(now - max(deadline, self._free_since))
-                self._launch(batch, now)
 
     def _dispatch_died(self, error: BaseException) -> None:
         """Nothing queued would ever run: fail it, and refuse what comes (not ready)."""
