@@ -13,6 +13,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from adaptive.bus import VersionedConfig, WorkerStats
+from adaptive.clock import Clock
+from server.clock import LoopClock
 
 
 class _LocalNotices:
@@ -49,8 +51,11 @@ class LocalPoolBus:
         stats_maxlen: int = 100_000,
         decisions_maxlen: int = 100_000,
         history_s: int = 8 * 86_400,
+        clock: Clock | None = None,
     ) -> None:
         self.history_s = history_s
+        # Heartbeats and leases expire on the event loop's clock: virtual time in tests.
+        self._clock = clock or LoopClock()
         self._maxlen = (stats_maxlen, decisions_maxlen)
         self._pools: dict[str, _Pool] = {}
         self._ids = itertools.count(1)
@@ -105,10 +110,10 @@ class LocalPoolBus:
         return len(old)
 
     async def heartbeat(self, pool: str, worker: str, info: dict[str, Any], ttl_s: float) -> None:
-        self._pool(pool).heartbeats[worker] = (time.monotonic() + ttl_s, info)
+        self._pool(pool).heartbeats[worker] = (self._clock.now() + ttl_s, info)
 
     async def workers_alive(self, pool: str) -> dict[str, dict[str, Any]]:
-        now = time.monotonic()
+        now = self._clock.now()
         beats = self._pool(pool).heartbeats
         for worker in [w for w, (expires, _) in beats.items() if expires <= now]:
             del beats[worker]
@@ -122,7 +127,7 @@ class LocalPoolBus:
         return list(self._pool(pool).decisions)[-count:] if count > 0 else []
 
     async def acquire_or_renew_lease(self, pool: str, holder: str, ttl_s: float) -> bool:
-        p, now = self._pool(pool), time.monotonic()
+        p, now = self._pool(pool), self._clock.now()
         if p.lease is None or p.lease[1] <= now or p.lease[0] == holder:
             p.lease = (holder, now + ttl_s)
             return True
@@ -130,7 +135,7 @@ class LocalPoolBus:
 
     async def leader(self, pool: str) -> str | None:
         lease = self._pool(pool).lease
-        return lease[0] if lease is not None and lease[1] > time.monotonic() else None
+        return lease[0] if lease is not None and lease[1] > self._clock.now() else None
 
     async def save_setting(self, pool: str, name: str, value: Any) -> None:
         settings = self._pool(pool).settings
