@@ -11,6 +11,10 @@ the optimiser only interpolates and ranks, in microseconds:
 2. among those, spend the fewest GPU busy seconds per request;
 3. among near-ties (within 2%), take the lowest mean latency.
 When nothing meets the SLO it takes the lowest predicted p99, and says so.
+
+It predicts only what the table measured: a config with a cap above the table's largest,
+or a timeout outside the range measured for its cap, is predicted as unknown (infinite
+p99 and cost), never as the table's nearest edge, and `outside` says why in words.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import numpy as np
 
 from adaptive.config import BatchConfig
 from tidal_base.errors import InvalidInput
+from tidal_base.units import format_duration
 
 COST_TIE = 1.02
 """Costs within 2% count as equal; the lower mean latency wins."""
@@ -94,6 +99,14 @@ class Alternative:
         }
 
 
+def _check_rates(*rates_rps: float) -> None:
+    """A NaN or infinite rate is a bug upstream (a forecast or an observation), refused
+    here by name rather than failing deep inside the ranking."""
+    for rate_rps in rates_rps:
+        if not math.isfinite(rate_rps):
+            raise ValueError(f"optimiser: arrival rate must be finite, got {rate_rps}")
+
+
 def _band(rate_rps: float) -> int:
     return math.ceil(math.log(max(rate_rps, 1e-9)) / math.log(RATE_BIN))
 
@@ -144,6 +157,7 @@ class ConfigOptimizer:
         change: it must meet the target at all three, and its cost is their average, so a
         load that swings does not pick a config that is cheap only at one end."""
         low, high = spread if spread is not None else (rate_rps, rate_rps)
+        _check_rates(rate_rps, low, high)
         bands = (_band(min(low, rate_rps)), _band(rate_rps), _band(max(high, rate_rps)))
         key = (*bands, min(min_cap, self.largest_cap))
         choice = self._cache.get(key)
@@ -197,12 +211,33 @@ class ConfigOptimizer:
         return int(rows[order[0]])
 
     def predicted_p99_s(self, config: BatchConfig, rate_rps: float) -> float:
-        """The table's p99 for the row nearest `config` (same bucket, nearest timeout)."""
+        """The table's p99 for the row nearest `config` (see `predict`)."""
         return self.predict(config, rate_rps).predicted_p99_s
 
+    def outside(self, config: BatchConfig) -> str | None:
+        """Why the table cannot predict `config`, in words; None when it can."""
+        if config.max_batch_size > self.largest_cap:
+            return (
+                f"batch {config.max_batch_size} is outside the planner's table "
+                f"(<= {self.largest_cap})"
+            )
+        timeouts_s = self.table.timeouts_s[self._rows(config.max_batch_size)]
+        shortest, longest = float(timeouts_s.min()), float(timeouts_s.max())
+        if not shortest <= config.timeout_s <= longest:
+            measured = f"<= {format_duration(longest)}"
+            if shortest > 0:
+                measured = f"{format_duration(shortest)} to {format_duration(longest)}"
+            return (
+                f"timeout {format_duration(config.timeout_s)} is outside the planner's "
+                f"table ({measured})"
+            )
+        return None
+
     def predict(self, config: BatchConfig, rate_rps: float) -> Alternative:
-        """The table's prediction for the row nearest `config` (same bucket, nearest
-        timeout), at `rate_rps`; cached per rate band."""
+        """The table's prediction for `config` at `rate_rps`: the row of the smallest
+        cap in the table that holds it (its bucket), with the nearest timeout; unknown
+        (infinite p99 and cost) for a config `outside` the table. Cached per rate band."""
+        _check_rates(rate_rps)
         band = _band(rate_rps)
         key = (band, config.max_batch_size, config.timeout_s)
         predicted = self._predictions.get(key)
@@ -211,11 +246,17 @@ class ConfigOptimizer:
         return predicted
 
     def _predict(self, config: BatchConfig, rate_rps: float) -> Alternative:
+        if self.outside(config) is not None:
+            return Alternative(config, math.inf, math.inf, math.inf)
         p99, mean, busy = self.table.at(rate_rps)
-        bucket = 1 << max(0, config.max_batch_size - 1).bit_length()
-        rows = np.flatnonzero(self.table.caps == min(bucket, self.largest_cap))
+        rows = self._rows(config.max_batch_size)
         row = rows[np.argmin(np.abs(self.table.timeouts_s[rows] - config.timeout_s))]
         return Alternative(config, float(p99[row]), float(busy[row]), float(mean[row]))
+
+    def _rows(self, cap: int) -> np.ndarray:
+        """The rows of the smallest table cap >= `cap` (at most the largest cap)."""
+        caps = self.table.caps
+        return np.flatnonzero(caps == caps[caps >= min(cap, self.largest_cap)].min())
 
     def _alternative(self, i: int, p99: np.ndarray, mean: np.ndarray, busy: np.ndarray):
         config = BatchConfig(int(self.table.caps[i]), float(self.table.timeouts_s[i]))

@@ -69,15 +69,16 @@ class PredictivePolicy:
         now_rps = self._rate_now(snapshot, forecast)
         choice = self._serve(snapshot, now_rps, forecast)
         ahead, warm = self._warm(snapshot, forecast)
-        config = choice.config
-        if warm > config.max_batch_size:
-            config = BatchConfig(config.max_batch_size, config.timeout_s, warm)
+        config = replace(choice.config, warm_max_batch=warm)
         # When the config in force is predicted to miss, any move the table prefers
-        # protects latency, even a smaller cap (a cap past the service budget).
+        # protects latency, even a smaller cap (a cap past the service budget). So does
+        # leaving a config the table cannot predict (an operator's pin that ended, say):
+        # it is predicted as unknown, never as the table's nearest edge.
         current_p99_s = self.optimizer.predicted_p99_s(snapshot.config, now_rps)
+        reason = self._reason(snapshot, choice, now_rps, config, ahead, forecast)
         return Decision(
             config,
-            self._reason(snapshot, choice, now_rps, config, ahead, float(forecast.upper_rps[0])),
+            reason,
             predicted_p99_s=choice.chosen.predicted_p99_s,
             planned_rate_rps=now_rps,
             alternatives=choice.alternatives,
@@ -130,7 +131,7 @@ class PredictivePolicy:
             current.timeout_s == best.config.timeout_s
         ):
             return best
-        plain = BatchConfig(current.max_batch_size, current.timeout_s)
+        plain = replace(current, warm_max_batch=0)
         points = [self.optimizer.predict(plain, r) for r in (spread[0], rate_rps, spread[1])]
         worst_p99 = max(p.predicted_p99_s for p in points)
         cost = sum(p.busy_per_request_s for p in points) / 3
@@ -154,6 +155,21 @@ class PredictivePolicy:
         return self._needs[1]
 
     def _reason(
+        self,
+        snapshot: Snapshot,
+        choice: Choice,
+        now_rps: float,
+        config: BatchConfig,
+        ahead: tuple[float, float, int] | None,
+        forecast: Forecast,
+    ) -> str:
+        unknown = self.optimizer.outside(snapshot.config)
+        text = self._plan(snapshot, choice, now_rps, config, ahead, float(forecast.upper_rps[0]))
+        if unknown is None:
+            return text
+        return f"{unknown}, so its latency cannot be predicted: moving off it; {text}"
+
+    def _plan(
         self,
         snapshot: Snapshot,
         choice: Choice,

@@ -1,4 +1,5 @@
-"""The config optimiser: ranking by hand on a tiny table, and its predictions against the engine."""
+"""The config optimiser: ranking by hand on a tiny table, its predictions against the engine,
+and what it does with a config or a rate it cannot predict."""
 
 import math
 
@@ -8,6 +9,10 @@ import pytest
 from adaptive.config import BatchConfig
 from adaptive.latency import LinearLatency
 from adaptive.optimizer import ConfigOptimizer, PerformanceTable
+from adaptive.policy import Observation, Snapshot
+from adaptive.predictive import PredictivePolicy
+from forecaster.forecast import Forecast
+from forecaster.models import SeasonalNaive
 from simulations.calibration import performance_table
 from simulations.engine import PoolSettings, SimulatedPool
 
@@ -76,3 +81,67 @@ def test_predicted_p99_matches_the_engine_between_grid_rates(table, fraction):
     measured = pool.advance(0.0, math.inf, arrivals, choice.config).p99_s
     assert measured == pytest.approx(predicted, rel=0.15, abs=0.002)
     assert measured <= 0.1
+
+
+def test_a_config_outside_the_table_is_predicted_as_unknown_not_as_its_edge():
+    optimizer = ConfigOptimizer(tiny_table(), slo_s=0.05)
+    assert optimizer.outside(BatchConfig(8, 0.005)) is None
+    assert optimizer.outside(BatchConfig(8, 0.8)) == (
+        "timeout 800ms is outside the planner's table (<= 5ms)"
+    )
+    assert optimizer.outside(BatchConfig(32, 0.0)) == (
+        "timeout 0ms is outside the planner's table (5ms to 5ms)"
+    )
+    assert optimizer.outside(BatchConfig(64, 0.005)) == (
+        "batch 64 is outside the planner's table (<= 32)"
+    )
+    unknown = optimizer.predict(BatchConfig(8, 0.8), 100.0)
+    assert unknown.predicted_p99_s == INF and unknown.busy_per_request_s == INF
+    assert optimizer.predicted_p99_s(BatchConfig(64, 0.005), 100.0) == INF
+    # A cap between the table's caps is predicted by the next larger one (its bucket).
+    assert optimizer.predict(BatchConfig(16, 0.005), 100.0).mean_latency_s == pytest.approx(
+        0.009, rel=1e-2
+    )
+    assert optimizer.predict(BatchConfig(5, 0.004), 100.0).mean_latency_s == pytest.approx(
+        0.008, rel=1e-2
+    )
+
+
+@pytest.mark.parametrize("rate", [math.nan, math.inf, -math.inf])
+def test_a_non_finite_rate_is_refused_by_name(rate):
+    optimizer = ConfigOptimizer(tiny_table(), slo_s=0.05)
+    with pytest.raises(ValueError, match="optimiser: arrival rate must be finite, got"):
+        optimizer.choose(rate)
+    with pytest.raises(ValueError, match="arrival rate must be finite"):
+        optimizer.choose(100.0, spread=(rate, 200.0))
+    with pytest.raises(ValueError, match="arrival rate must be finite"):
+        optimizer.predict(BatchConfig(8, 0.005), rate)
+
+
+def predictive_snapshot(config: BatchConfig, rate: float, p99_s: float) -> Snapshot:
+    step = 10.0
+    mean = np.full(30, rate * step)
+    forecast = Forecast(np.arange(30) * step, step, mean, 0.9 * mean, 1.1 * mean, 0.9, "x", 0.0)
+    seen = Observation(0.0, 1.0, int(rate), int(rate), 0, 0, p99_s / 2, p99_s, 60.0, 0.9, 0.5)
+    return Snapshot(0.0, seen, config, slo_s=0.1, workers=2, forecast=forecast)
+
+
+@pytest.mark.parametrize(
+    ("pinned", "why"),
+    [
+        (BatchConfig(64, 0.8), "timeout 800ms is outside the planner's table (<= 50ms)"),
+        (BatchConfig(1024, 0.005), "batch 1024 is outside the planner's table (<= 256)"),
+    ],
+)
+def test_predictive_moves_off_a_config_its_table_cannot_predict(table, pinned, why):
+    """After an operator's pin of (64, 800 ms) ends, p99 is 840 ms against a 100 ms SLO:
+    the table stops at 50 ms, and snapping 800 ms to that row predicted 55 ms, so the
+    policy kept 800 ms as "the cheapest config predicted to meet the SLO"."""
+    _, compiled = table
+    policy = PredictivePolicy(ConfigOptimizer(compiled, slo_s=0.1), SeasonalNaive())
+    decision = policy.decide(predictive_snapshot(pinned, 2000.0, 0.84))
+    assert decision.config.timeout_s <= 0.05 and decision.config.max_batch_size <= 256
+    assert decision.protective  # the guards apply it at once
+    assert decision.reason.startswith(why + ", so its latency cannot be predicted")
+    held = policy.decide(predictive_snapshot(decision.config, 2000.0, 0.03))
+    assert held.config == decision.config and "outside" not in held.reason
