@@ -10,6 +10,8 @@ keeps learning the usual level and never takes the spike for a new normal.
 from __future__ import annotations
 
 import json
+import math
+import numbers
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
@@ -26,6 +28,14 @@ from tidal_base.units import parse_duration_s
 EVENT_UNCERTAINTY = 0.3
 """Relative uncertainty of an event's lift: the band spans +-30% of (multiplier - 1)."""
 
+MULTIPLIER_RANGE = (1e-3, 1e3)
+"""An event's multiplier lies in this range: observations are divided by the lift, so a
+lift near 0 (or a huge one) would overflow the model's inputs (or the forecast)."""
+MAX_RATE_RPS = 1e9
+"""The largest absolute rate an event may declare (requests per second)."""
+MAX_TIME_S = 1e12
+"""Event times lie within +-1e12 s (some 31,000 years) of the clock's zero."""
+
 
 @dataclass(frozen=True)
 class Event:
@@ -40,15 +50,21 @@ class Event:
     ramp_down_s: float = 0.0
 
     def __post_init__(self) -> None:
+        # Every number is checked before any is used: a NaN compares false with
+        # everything, so it would pass "end after start" and poison every forecast.
         where = f"event {self.name!r}"
-        if self.end_s <= self.start_s:
-            raise InvalidInput(f"{where}: end must be after start")
+        for field, value in (("start", self.start_s), ("end", self.end_s)):
+            _check_in(where, field, value, -MAX_TIME_S, MAX_TIME_S, "Unix seconds within")
+        for field, value in (("ramp_up", self.ramp_up_s), ("ramp_down", self.ramp_down_s)):
+            _check_in(where, field, value, 0.0, 2 * MAX_TIME_S, "seconds in")
         if (self.multiplier is None) == (self.rate_rps is None):
             raise InvalidInput(f"{where}: give exactly one of multiplier or rate_rps")
-        if self.multiplier is not None and self.multiplier <= 0:
-            raise InvalidInput(f"{where}: multiplier must be > 0, got {self.multiplier}")
-        if self.rate_rps is not None and self.rate_rps < 0:
-            raise InvalidInput(f"{where}: rate_rps must be >= 0, got {self.rate_rps}")
+        if self.multiplier is not None:
+            _check_in(where, "multiplier", self.multiplier, *MULTIPLIER_RANGE, "in")
+        if self.rate_rps is not None:
+            _check_in(where, "rate_rps", self.rate_rps, 0.0, MAX_RATE_RPS, "in")
+        if self.end_s <= self.start_s:
+            raise InvalidInput(f"{where}: end must be after start")
         if self.ramp_up_s + self.ramp_down_s > self.end_s - self.start_s:
             raise InvalidInput(f"{where}: ramp_up + ramp_down exceed the event's duration")
 
@@ -58,6 +74,13 @@ class Event:
         down = np.clip((self.end_s - times_s) / max(self.ramp_down_s, 1e-9), 0.0, 1.0)
         inside = (times_s >= self.start_s) & (times_s < self.end_s)
         return np.where(inside, np.minimum(up, down), 0.0)
+
+
+def _check_in(where: str, field: str, value: object, low: float, high: float, what: str) -> None:
+    """`value` is a real number (not a bool) in [low, high], else one line naming it."""
+    number = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if not number or not math.isfinite(value) or not low <= value <= high:
+        raise InvalidInput(f"{where}: {field} must be {what} [{low:g}, {high:g}], got {value!r}")
 
 
 def multiplier_at(events: tuple[Event, ...], times_s: np.ndarray) -> np.ndarray:
@@ -215,11 +238,9 @@ def _event(entry: object, where: str) -> Event:
             start_s=_moment(entry["start"], f"{where} start"),
             end_s=_moment(entry["end"], f"{where} end"),
             multiplier=_optional_float(entry.get("multiplier"), f"{where} multiplier"),
-            rate_rps=None
-            if entry.get("multiplier") is not None
-            else _optional_float(entry.get("rate_rps"), f"{where} rate_rps"),
-            ramp_up_s=parse_duration_s(entry.get("ramp_up", 0), field=f"{where} ramp_up"),
-            ramp_down_s=parse_duration_s(entry.get("ramp_down", 0), field=f"{where} ramp_down"),
+            rate_rps=_optional_float(entry.get("rate_rps"), f"{where} rate_rps"),
+            ramp_up_s=_duration(entry.get("ramp_up", 0), f"{where} ramp_up"),
+            ramp_down_s=_duration(entry.get("ramp_down", 0), f"{where} ramp_down"),
         )
     except KeyError as missing:
         raise InvalidInput(f"{where}: missing field {missing.args[0]!r}") from None
@@ -232,17 +253,27 @@ def _event(entry: object, where: str) -> Event:
 def _moment(value: object, where: str) -> float:
     if isinstance(value, datetime):
         return epoch_seconds(value)
+    if isinstance(value, bool):  # YAML's `yes`: not a time, though Python counts it an int
+        raise InvalidInput(f"{where}: not an ISO-8601 time or Unix seconds: {value!r}")
     if isinstance(value, int | float):
-        return float(value)
+        return float(value)  # a NaN or an infinity is refused, by name, by `Event`
     try:
         return epoch_seconds(datetime.fromisoformat(str(value)))
     except ValueError:
         raise InvalidInput(f"{where}: not an ISO-8601 time or Unix seconds: {value!r}") from None
 
 
+def _duration(value: object, where: str) -> float:
+    if isinstance(value, bool):
+        raise InvalidInput(f"{where} must be a duration such as 10ms, 1.5s or 20m, got {value!r}")
+    return parse_duration_s(value, field=where)
+
+
 def _optional_float(value: object, where: str) -> float | None:
     if value is None:
         return None
+    if isinstance(value, bool):
+        raise InvalidInput(f"{where}: expected a number, got {value!r}")
     try:
         return float(value)
     except (TypeError, ValueError):

@@ -3,7 +3,7 @@ import json
 import numpy as np
 import pytest
 
-from forecaster.events import Event, EventAware, load_events
+from forecaster.events import Event, EventAware
 from forecaster.models import SeasonalNaive
 from forecaster.registry import build_forecaster
 from forecaster.series import RateSeries, resample_arrivals
@@ -130,16 +130,6 @@ def test_auto_picks_and_says_which():
 def test_resample_arrivals_counts_per_step():
     series = resample_arrivals(np.array([0.1, 0.5, 1.2, 2.9]), 1.0, duration_s=3.0)
     assert series.counts.tolist() == [2, 1, 1]
-
-
-def test_events_file_errors_name_the_event(tmp_path):
-    path = tmp_path / "events.yaml"
-    path.write_text("events:\n  - name: a\n    start: 2026-01-01T00:00:00\n")
-    with pytest.raises(InvalidInput, match="event 1: missing field 'end'"):
-        load_events(path)
-    path.write_text("events:\n  - {name: a, start: 0, end: 10, multiplier: -2}\n")
-    with pytest.raises(InvalidInput, match="multiplier must be > 0"):
-        load_events(path)
 
 
 def test_backtest_command_json(tmp_path, capsys):
