@@ -23,6 +23,10 @@ from server.cli import main
         (["--guard", "dwell=forever"], "dwell"),
         (["--token-file", "no-such-token"], "--token-file no-such-token"),
         (["--local-workers", "-1"], "--local-workers"),
+        # Defect 2: a bad spec used to serve HTTP with /readyz "starting" forever, silent.
+        (["--policy", "statc:max_batch=8"], "unknown policy 'statc'"),
+        (["--shadow", "aimd:speed=3"], "unknown option 'speed'"),
+        (["--lease", "0"], "--lease"),
     ],
 )
 def test_bad_controller_input_is_one_line_and_exit_2(argv, message, capsys):

@@ -1,6 +1,7 @@
 """The Redis bus against a real redis-server on a free port."""
 
 import asyncio
+import json
 
 import pytest
 import redis.exceptions
@@ -9,6 +10,7 @@ from redis_server import redis_server
 from adaptive.bus import VersionedConfig, WorkerStats
 from adaptive.config import BatchConfig
 from server.bus.redis_bus import RedisBus, connect
+from server.bus.wire import MalformedStats, decode_stats, encode_stats
 
 
 @pytest.fixture(scope="module")
@@ -127,3 +129,37 @@ def test_password_urls_work_and_a_wrong_password_is_refused():
         wrong = url.replace("s3cret", "nope")
         with pytest.raises(redis.exceptions.AuthenticationError):
             asyncio.run(scenario(wrong))
+
+
+def test_a_malformed_or_newer_schema_stats_entry_is_skipped_or_read_and_never_stops_reading(url):
+    """Defect 3: parsing failed before the cursor advanced, so one bad entry stopped the
+    control loop for good; a newer worker's extra field did the same."""
+
+    async def scenario():
+        bus = RedisBus(connect(url), prefix="t-wire")
+        key = bus.key("pool", "stats")
+        await bus.publish_worker_stats("pool", stats("a", 10))
+        await bus.client.xadd(key, {"stats": "{not json"})
+        await bus.client.xadd(key, {"stats": '{"schema": 1, "worker": "b"}'})  # fields missing
+        newer = json.loads(encode_stats(stats("c", 30)))
+        newer.update(schema=2, gpu_memory_bytes=123)  # a field this release does not know
+        await bus.client.xadd(key, {"stats": json.dumps(newer)})
+        first, cursor, malformed = await bus.read_worker_stats("pool")
+        await bus.publish_worker_stats("pool", stats("d", 40))
+        later, _, again = await bus.read_worker_stats("pool", cursor)
+        return first, malformed, later, again
+
+    first, malformed, later, again = asyncio.run(scenario())
+    assert [(s.worker, s.arrivals) for s in first] == [("a", 10), ("c", 30)]
+    assert malformed == 2
+    assert [s.worker for s in later] == ["d"] and again == 0  # past the bad ones for good
+
+
+def test_the_wire_format_round_trips_and_names_what_is_wrong():
+    assert decode_stats(encode_stats(stats("a", 5))) == stats("a", 5)
+    with pytest.raises(MalformedStats, match="missing field"):
+        decode_stats('{"worker": "a"}')
+    broken = json.loads(encode_stats(stats("a", 5)))
+    broken["arrivals"] = -3
+    with pytest.raises(MalformedStats, match="'arrivals'"):
+        decode_stats(json.dumps(broken))

@@ -19,6 +19,7 @@ SCHEMA = 1
 """Bumped when a field changes meaning; adding a field keeps the schema."""
 
 _FIELDS = {f.name for f in dataclasses.fields(WorkerStats)}
+_REQUIRED = {f.name for f in dataclasses.fields(WorkerStats) if f.default is dataclasses.MISSING}
 _PAIRS = ("latency_buckets", "batch_sizes")
 
 
@@ -38,14 +39,15 @@ def decode_stats(text: str) -> WorkerStats:
         raise MalformedStats(f"not JSON: {error}") from None
     if not isinstance(fields, dict):
         raise MalformedStats(f"not an object: {type(fields).__name__}")
-    missing = sorted(_FIELDS - set(fields))
+    missing = sorted(_REQUIRED - set(fields))
     if missing:
         raise MalformedStats(f"missing field {missing[0]!r}")
-    known: dict[str, Any] = {name: fields[name] for name in _FIELDS}
+    known: dict[str, Any] = {name: fields[name] for name in _FIELDS & set(fields)}
     try:
         for name in _PAIRS:
             known[name] = tuple((int(a), int(b)) for a, b in known[name])
-        known["warmed_buckets"] = tuple(int(b) for b in known["warmed_buckets"])
+        if known["warmed_buckets"] is not None:
+            known["warmed_buckets"] = tuple(int(b) for b in known["warmed_buckets"])
         return _checked(WorkerStats(**known))
     except (TypeError, ValueError) as error:
         raise MalformedStats(f"bad value: {error}") from None
