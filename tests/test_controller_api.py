@@ -229,3 +229,47 @@ def test_a_restarted_predictive_controller_forecasts_from_recorded_traffic():
     # 10 s steps of 40 req/s; the last step may hold the seconds since the record ended.
     assert history.size >= 110 and set(history[-100:-1]) == {400.0}
     assert 30.0 <= forecast["forecast"]["points"][0]["mean_rps"] <= 40.0
+
+
+def test_bad_stored_settings_are_loud_and_the_plan_keeps_control():
+    """Defect 2: a bad events document on the bus left the pool "starting" forever."""
+
+    async def scenario():
+        bus = LocalPoolBus()
+        bad_events = [{"name": "sale", "start": 100, "end": 50, "multiplier": 2}]
+        await bus.save_setting("p", "events", bad_events)
+        async with running(bus) as (control, api):
+            while not control.loop.state.ready:
+                await asyncio.sleep(0.01)
+            return await api.get("/readyz"), await api.get("/v1/pools/p")
+
+    ready, pool = asyncio.run(scenario())
+    assert ready.status_code == 200
+    health = ready.json()["pools"]["p"]
+    assert "stored settings of pool 'p' ignored" in health["settings_error"]
+    assert "end must be after start" in health["settings_error"]
+    assert pool.json()["health"]["settings_error"] == health["settings_error"]
+    assert pool.json()["policy"] == STATIC and pool.json()["events"] == []
+
+
+def test_a_negative_seed_and_a_non_finite_event_are_422_with_json_bodies():
+    """Defect 9: `"seed": -1` answered a plain-text 500; a NaN multiplier was stored and
+    then failed every tick of every controller while the event was active."""
+
+    async def scenario():
+        async with running(LocalPoolBus()) as (_, api):
+            seed = await api.post(
+                "/v1/pools/p/simulate", json={"candidate": "aimd", "seed": -1}, headers=AUTH
+            )
+            nan = '{"events": [{"name": "x", "start": 0, "end": 60, "multiplier": NaN}]}'
+            event = await api.post(
+                "/v1/pools/p/events",
+                content=nan,
+                headers={**AUTH, "content-type": "application/json"},
+            )
+            return seed, event
+
+    seed, event = asyncio.run(scenario())
+    assert seed.status_code == 422 and seed.json()["field"] == "seed"
+    assert event.status_code == 422 and event.json()["field"] == "events"
+    assert "multiplier" in event.json()["error"]
