@@ -1,16 +1,179 @@
-"""Workers on the Redis bus: config propagation, and fail-static when Redis goes away."""
+"""Workers on a pool's bus: config propagation, and fail-static when the bus goes away.
+
+The link's logic (report instants, measured windows, backoff, unsent windows, config
+sync) runs in virtual time on the in-process `LocalPoolBus`, with an outage switch; two
+tests run it on a real Redis, stopped and restarted, as proof of the real thing.
+"""
 
 import asyncio
+import logging
 import time
 
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis_server import RedisProcess
-from test_worker_batcher import EchoRunner
+from test_worker_batcher import EchoRunner, at, cold, virtual
+from virtual_time import run_virtual
 
 from adaptive.bus import VersionedConfig
 from adaptive.config import BatchConfig
+from server.bus.local import LocalPoolBus
 from server.bus.redis_bus import RedisBus, connect
 from server.worker.batching import DynamicBatcher
 from server.worker.link import WorkerLink
+
+
+class OutageBus(LocalPoolBus):
+    """The in-process bus with a switch: while `down`, every call raises redis-py's
+    ConnectionError, and open subscriptions break, as they do when Redis stops."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down = False
+        self._queues: list[asyncio.Queue] = []
+
+    def stop(self) -> None:
+        self.down = True
+        for queue in self._queues:
+            queue.put_nowait(None)  # wakes the listener, which then raises
+
+    def _check(self) -> None:
+        if self.down:
+            raise RedisConnectionError("bus down")
+
+    async def current_config(self, pool):
+        self._check()
+        return await super().current_config(pool)
+
+    async def subscribe_configs(self, pool):
+        self._check()
+        notices = await super().subscribe_configs(pool)
+        self._queues.append(notices._queue)
+        outer = self
+
+        class Breaking:
+            async def listen(self):
+                async for version in notices.listen():
+                    outer._check()
+                    yield version
+
+            async def aclose(self):
+                await notices.aclose()
+
+        return Breaking()
+
+    async def publish_worker_stats(self, pool, stats, at_s=None):
+        self._check()
+        await super().publish_worker_stats(pool, stats, at_s)
+
+    async def heartbeat(self, pool, worker, info, ttl_s):
+        self._check()
+        await super().heartbeat(pool, worker, info, ttl_s)
+
+
+async def virtual_worker(bus, name="w0"):
+    batcher = virtual(cold(), BatchConfig(4, 0.0), service_s=0.0625, warm_at_start=False)
+    await batcher.start()
+    link = WorkerLink(batcher, bus, "pool", name, interval_s=1.0)
+    link.start()
+    return batcher, link
+
+
+def test_reports_fall_due_every_interval_and_newer_configs_apply_on_notice():
+    async def scenario():
+        bus = LocalPoolBus()
+        batcher, link = await virtual_worker(bus)
+        await at(0.5)
+        served = await asyncio.gather(*(batcher.submit(i) for i in range(8)))
+        await at(2.25)
+        await bus.publish_config("pool", VersionedConfig(3, BatchConfig(16, 0.125)))
+        await asyncio.sleep(0)  # the notice is delivered on the next loop turn
+        applied = (asyncio.get_running_loop().time(), batcher.version, batcher.config)
+        await bus.publish_config("pool", VersionedConfig(2, BatchConfig(2, 0.0)))  # older
+        joiner, joined = await virtual_worker(bus, "w1")
+        await at(3.5)
+        info = dict(await bus.workers_alive("pool"))
+        await joined.stop()
+        await link.stop()
+        await batcher.drain()
+        await joiner.drain()
+        stored, _, _ = await bus.read_worker_stats("pool")
+        return served, applied, joiner.version, info, stored, batcher.config
+
+    served, applied, joiner_version, info, stored, config = run_virtual(scenario())
+    assert [s.output for s in served] == [2 * i for i in range(8)]
+    assert applied == (2.25, 3, BatchConfig(16, 0.125))
+    assert config == BatchConfig(16, 0.125) and joiner_version == 3  # the joiner read it
+    assert sorted(info) == ["w0", "w1"] and info["w0"]["config_version"] == 3
+    w0 = [s for s in stored if s.worker == "w0"]
+    # Windows due at 1, 2, 3 s on the clock, then the last partial one at stop (3.5 s).
+    assert [s.window_s for s in w0] == [1.0, 1.0, 1.0, 0.5]
+    assert [s.arrivals for s in w0] == [8, 0, 0, 0] and sum(s.completed for s in w0) == 8
+    assert [s.config_version for s in w0] == [0, 0, 3, 3]
+
+
+def test_the_link_serves_through_an_outage_and_sends_the_held_windows_when_it_returns(caplog):
+    async def scenario():
+        bus = OutageBus()
+        batcher, link = await virtual_worker(bus)
+        timeline = []
+        await at(0.5)
+        timeline.append(link.connected)
+        first = await asyncio.gather(*(batcher.submit(i) for i in range(10)))
+        await at(2.5)
+        bus.stop()
+        await at(3.0)
+        timeline.append(link.connected)
+        during = await asyncio.gather(*(batcher.submit(i) for i in range(10, 30)))
+        await at(5.5)
+        held = len(link.unsent)
+        bus.down = False
+        await at(6.3)  # backoff: retries at 2.55, 2.65, 2.85, 3.35, 4.35, then 6.35 s
+        timeline.append(link.connected)
+        await at(6.375)
+        timeline.append(link.connected)
+        await bus.publish_config("pool", VersionedConfig(7, BatchConfig(8, 0.0)))
+        await asyncio.sleep(0)
+        version = batcher.version
+        await link.stop()
+        await batcher.drain()
+        stored, _, _ = await bus.read_worker_stats("pool")
+        return first + during, timeline, held, version, stored, batcher.errors.counts
+
+    with caplog.at_level(logging.WARNING, logger="tidal.worker"):
+        served, timeline, held, version, stored, errors = run_virtual(scenario())
+    assert [s.output for s in served] == [2 * i for i in range(30)]
+    assert timeline == [True, False, False, True]
+    assert held == 3  # the windows due at 3, 4 and 5 s, kept for later
+    assert version == 7
+    assert [s.window_s for s in stored] == [1.0] * 6 + [0.375]  # nothing lost, nothing twice
+    assert sum(s.arrivals for s in stored) == 30 == sum(s.completed for s in stored)
+    assert errors == {}  # an outage is not a bug
+    assert sum("unreachable" in r.message for r in caplog.records) == 1  # said once
+
+
+def test_a_bug_in_a_link_loop_is_logged_counted_and_the_loop_goes_on(caplog):
+    class Buggy(LocalPoolBus):
+        calls = 0
+
+        async def heartbeat(self, pool, worker, info, ttl_s):
+            Buggy.calls += 1
+            if Buggy.calls == 2:
+                raise TypeError("a bug, not an outage")
+            await super().heartbeat(pool, worker, info, ttl_s)
+
+    async def scenario():
+        bus = Buggy()
+        batcher, link = await virtual_worker(bus)
+        await at(4.5)
+        await link.stop()
+        await batcher.drain()
+        stored, _, _ = await bus.read_worker_stats("pool")
+        return len(stored), batcher.errors.counts
+
+    with caplog.at_level(logging.ERROR, logger="tidal.worker"):
+        windows, errors = run_virtual(scenario())
+    assert windows == 5 and errors == {"link-report": 1}
+    assert any(r.exc_info and r.exc_info[0] is TypeError for r in caplog.records)
 
 
 async def worker(bus, name):
