@@ -11,16 +11,14 @@ with no token configured they are refused, never open. Errors are JSON
 from __future__ import annotations
 
 import contextlib
-import hmac
 import math
 import time
 from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-from fastapi import Depends, FastAPI, Query, Request
+from fastapi import Depends, FastAPI, Query
 from fastapi.responses import JSONResponse, Response
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel, Field
 from redis.exceptions import RedisError
@@ -31,6 +29,7 @@ from forecaster.events import event_to_dict, events_from_document
 from forecaster.series import epoch_seconds
 from server.control.metrics import ControllerMetrics
 from server.control.plane import InsufficientHistory, PoolControl
+from server.http_auth import TokenCheck
 from server.http_errors import ApiError, install_error_handlers
 from tidal_base.errors import InvalidInput
 from tidal_base.units import parse_duration_s
@@ -60,29 +59,6 @@ class SimulateRequest(BaseModel):
     hours: float = Field(default=1.0, gt=0, le=24 * 8, description="recorded traffic to replay")
     promote: bool = Field(default=False, description="switch to the candidate if no worse")
     seed: int = Field(default=0, ge=0, le=2**32 - 1, description="the replay's random seed")
-
-
-class TokenCheck:
-    """Bearer-token auth: 401 without a token, 403 with a wrong one (or none configured)."""
-
-    def __init__(self, token: str | None) -> None:
-        self.token = token.encode() if token else None
-        self.bearer = HTTPBearer(auto_error=False)
-
-    async def __call__(self, request: Request) -> None:
-        credentials: HTTPAuthorizationCredentials | None = await self.bearer(request)
-        if self.token is None:
-            raise ApiError(
-                403,
-                "this endpoint needs an API token and none is configured "
-                "(set TIDAL_API_TOKEN or --token-file)",
-            )
-        if credentials is None:
-            raise ApiError(
-                401, "missing bearer token", "authorization", **{"WWW-Authenticate": "Bearer"}
-            )
-        if not hmac.compare_digest(credentials.credentials.encode(), self.token):
-            raise ApiError(403, "wrong bearer token", "authorization")
 
 
 def create_app(

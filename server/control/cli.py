@@ -30,12 +30,8 @@ from server.bus.redis_bus import RedisBus, connect
 from server.control.app import create_app
 from server.control.metrics import ControllerMetrics
 from server.control.plane import PoolControl, PoolPlan
+from server.http_auth import TOKEN_ENV, api_token
 from server.tasks import cancel_and_wait
-from server.worker.app import create_app as create_worker_app
-from server.worker.batching import DynamicBatcher
-from server.worker.link import WorkerLink
-from server.worker.models import load_model
-from server.worker.runner import TorchRunner
 from simulations.cli import (
     DEFAULT_LATENCY_MODEL,
     duration_arg,
@@ -44,8 +40,6 @@ from simulations.cli import (
 )
 from simulations.engine import Routing
 from tidal_base.errors import InvalidInput
-
-TOKEN_ENV = "TIDAL_API_TOKEN"
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -104,18 +98,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--worker-config", default="max_batch=8,timeout=5ms", help="their starting config"
     )
     parser.set_defaults(handler=run_controller)
-
-
-def api_token(token_file: Path | None) -> str | None:
-    if token_file is None:
-        return os.environ.get(TOKEN_ENV) or None
-    try:
-        token = token_file.read_text().strip()
-    except OSError as error:
-        raise InvalidInput(f"--token-file {token_file}: {error.strerror}") from None
-    if not token:
-        raise InvalidInput(f"--token-file {token_file}: the file is empty")
-    return token
 
 
 def make_bus(url: str, prefix: str) -> PoolBus:
@@ -192,7 +174,13 @@ def run_controller(args: argparse.Namespace) -> int:
 
 
 def _local_worker(args: argparse.Namespace, bus: PoolBus, index: int):
+    # The worker's side needs torch (the worker extra); `tidal controller` alone does not.
+    from server.worker.app import create_app as create_worker_app
+    from server.worker.batching import DynamicBatcher
     from server.worker.cli import parse_config
+    from server.worker.link import WorkerLink
+    from server.worker.models import load_model
+    from server.worker.runner import TorchRunner
 
     model = load_model(args.model)
     batcher = DynamicBatcher(TorchRunner(model, "cpu"), parse_config(args.worker_config))
