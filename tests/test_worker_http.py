@@ -1,7 +1,13 @@
-"""A real `tidal worker` process on a free port, driven over HTTP (demo CNN, CPU)."""
+"""A real `tidal worker` process on a free port, driven over HTTP (demo CNN, CPU); the
+config endpoint's auth and pool rules on the app in process; the CLI's one-line errors.
+
+The batcher's queue, deadline and drain logic is tested exactly in virtual time
+(tests/test_worker_batcher.py); here one real process proves each end to end.
+"""
 
 import asyncio
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -11,9 +17,18 @@ import time
 import httpx
 import pytest
 import torch
+from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
+from test_worker_batcher import cold, virtual
 
+from adaptive.config import BatchConfig
+from server.bus.local import LocalPoolBus
+from server.worker.app import create_app
+from server.worker.link import WorkerLink
 from server.worker.models import load_model
+
+TOKEN = "s3cret-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 def free_port() -> int:
@@ -24,6 +39,7 @@ def free_port() -> int:
 
 def start_worker(*args: str) -> tuple[subprocess.Popen, str]:
     port = free_port()
+    env = {**os.environ, "TIDAL_API_TOKEN": TOKEN}
     process = subprocess.Popen(
         [
             sys.executable,
@@ -39,6 +55,7 @@ def start_worker(*args: str) -> tuple[subprocess.Popen, str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        env=env,
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
@@ -83,7 +100,7 @@ def test_config_change_mid_load_answers_every_request_correctly(worker):
                 for cap, timeout in ((2, 1), (16, 5), (4, 0)):
                     await asyncio.sleep(0.05)
                     r = await client.put(
-                        "/v1/config", json={"max_batch": cap, "timeout_ms": timeout}
+                        "/v1/config", json={"max_batch": cap, "timeout_ms": timeout}, headers=AUTH
                     )
                     assert r.status_code == 200
 
@@ -103,8 +120,40 @@ def test_bad_inputs_are_422_naming_the_field(worker):
     assert r.status_code == 422 and r.json()["field"] == "input" and "3x32x32" in r.json()["error"]
     r = httpx.post(f"{worker}/v1/infer", json={"wrong": 1})
     assert r.status_code == 422 and r.json()["field"] == "input"
-    r = httpx.put(f"{worker}/v1/config", json={"max_batch": 0, "timeout_ms": 1})
+    r = httpx.put(f"{worker}/v1/config", json={"max_batch": 0, "timeout_ms": 1}, headers=AUTH)
     assert r.status_code == 422 and r.json()["field"] == "max_batch"
+
+
+def test_a_standalone_workers_config_needs_the_token(worker):
+    good = {"max_batch": 8, "timeout_ms": 20}
+    r = httpx.put(f"{worker}/v1/config", json=good)
+    assert r.status_code == 401 and r.json()["field"] == "authorization"
+    r = httpx.put(f"{worker}/v1/config", json=good, headers={"Authorization": "Bearer wrong"})
+    assert r.status_code == 403 and r.json()["error"] == "wrong bearer token"
+    version = httpx.get(f"{worker}/v1/stats").json()["config"]["version"]
+    r = httpx.put(f"{worker}/v1/config", json=good, headers=AUTH)
+    assert r.status_code == 200 and r.json()["config"]["version"] == version + 1
+
+
+def test_config_writes_without_a_token_configured_are_refused():
+    app = create_app(load_model("demo-cnn"), virtual(cold(), BatchConfig(4, 0.0)))
+    r = TestClient(app).put("/v1/config", json={"max_batch": 2, "timeout_ms": 1}, headers=AUTH)
+    assert r.status_code == 403 and "none is configured" in r.json()["error"]
+
+
+def test_a_pooled_workers_config_belongs_to_its_controller():
+    """In a pool, a local config would share its version number with the controller's
+    different one; the worker answers 409, whatever the token, and keeps its config."""
+    batcher = virtual(cold(), BatchConfig(4, 0.0), warm_at_start=False)
+    link = WorkerLink(batcher, LocalPoolBus(), "search", "w0")
+    app = create_app(load_model("demo-cnn"), batcher, link, token=TOKEN)
+    client = TestClient(app)
+    for headers in ({}, AUTH):
+        r = client.put("/v1/config", json={"max_batch": 2, "timeout_ms": 1}, headers=headers)
+        assert r.status_code == 409, r.text
+        assert "PUT /v1/pools/search/override" in r.json()["error"]
+        assert r.json()["field"] is None
+    assert client.get("/v1/stats").json()["config"]["version"] == 0
 
 
 def test_metrics_parse_with_the_prometheus_parser(worker):
@@ -129,11 +178,13 @@ def test_metrics_parse_with_the_prometheus_parser(worker):
     assert ok and ok[0].value >= 1
 
 
-def test_full_queue_is_429_and_an_expired_deadline_is_504():
-    process, url = start_worker("--config", "max_batch=64,timeout=800ms", "--max-queue", "2")
+def test_full_queue_is_429_an_expired_deadline_504_and_sigterm_drains_and_exits_0():
+    """One process (cap 4, so start-up warms four buckets, not seven): a bounded queue
+    sheds, a deadline expires while queued, then SIGTERM drains what is queued."""
+    process, url = start_worker("--config", "max_batch=4,timeout=800ms", "--max-queue", "2")
     try:
 
-        async def scenario():
+        async def shed_and_expire():
             async with httpx.AsyncClient(base_url=url, timeout=30) as client:
                 first = asyncio.create_task(
                     client.post("/v1/infer", json={"input": image(1), "deadline_ms": 100})
@@ -143,31 +194,67 @@ def test_full_queue_is_429_and_an_expired_deadline_is_504():
                 third = await client.post("/v1/infer", json={"input": image(3)})
                 return await first, await second, third
 
-        first, second, third = asyncio.run(scenario())
+        first, second, third = asyncio.run(shed_and_expire())
         assert first.status_code == 504 and first.json()["field"] == "deadline_ms"
         assert second.status_code == 200
         assert third.status_code == 429 and third.headers["retry-after"] == "1"
+
+        async def drain():
+            async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+                pending = [
+                    asyncio.create_task(client.post("/v1/infer", json={"input": image(i)}))
+                    for i in range(2)
+                ]
+                await asyncio.sleep(0.3)  # queued: the batch is due only at 800 ms
+                process.send_signal(signal.SIGTERM)
+                return await asyncio.gather(*pending)
+
+        answers = asyncio.run(drain())
+        assert [a.status_code for a in answers] == [200] * 2
+        assert process.wait(30) == 0
     finally:
-        process.terminate()
-        process.wait(30)
+        if process.poll() is None:
+            process.terminate()
+            process.wait(30)
 
 
-def test_sigterm_drains_what_is_queued_and_exits_0():
-    process, url = start_worker("--config", "max_batch=64,timeout=1s")
+BAD_COMMAND_LINES = {
+    # Each names a model that does not exist: an error that names the flag, not the
+    # model, proves the flag was checked before any model was loaded (or warmed).
+    "--runs": ("profile", "--model", "no-such-model", "--runs", "0"),
+    "--device: expected": ("worker", "--model", "no-such-model", "--device", "tpu"),
+    "--device cuda": ("worker", "--model", "no-such-model", "--device", "cuda"),
+    "--redis": ("worker", "--model", "no-such-model", "--redis", "notaurl"),
+}
 
-    async def scenario():
-        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
-            pending = [
-                asyncio.create_task(client.post("/v1/infer", json={"input": image(i)}))
-                for i in range(5)
-            ]
-            await asyncio.sleep(0.3)
-            process.send_signal(signal.SIGTERM)
-            return await asyncio.gather(*pending)
 
-    answers = asyncio.run(scenario())
-    assert [a.status_code for a in answers] == [200] * 5
-    assert process.wait(30) == 0
+@pytest.mark.parametrize("named", BAD_COMMAND_LINES)
+def test_bad_command_lines_are_one_line_and_exit_2_before_any_model_loads(named, capsys):
+    from server.cli import main
+
+    assert not torch.cuda.is_available()  # "--device cuda" assumes a machine without one
+    assert main(list(BAD_COMMAND_LINES[named])) == 2
+    stderr = capsys.readouterr().err
+    assert stderr.startswith(f"tidal: error: {named}") and stderr.count("\n") == 1, stderr
+
+
+def test_a_busy_port_fails_at_once_naming_host_and_port():
+    """A real process: one line, exit 2, before the model loads (it does not exist)."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        argv = ["worker", "--model", "no-such-model", "--port", str(port)]
+        done = subprocess.run(
+            [sys.executable, "-m", "server.cli", *argv],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.splitlines() == [
+        f"tidal: error: --host/--port: cannot listen on 127.0.0.1:{port} (Address already in use)"
+    ]
 
 
 def test_loadgen_replays_a_trace_open_loop(worker, tmp_path, capsys):
