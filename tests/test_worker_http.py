@@ -172,10 +172,14 @@ def test_metrics_parse_with_the_prometheus_parser(worker):
         "tidal_worker_warmed_bucket",
         "tidal_worker_device_busy_ratio",
         "tidal_worker_padding_waste_ratio",
+        "tidal_worker_warmup_ooms",
+        "tidal_worker_background_errors",
+        "tidal_worker_ready",
     ):
         assert name in families, name
     ok = [s for s in families["tidal_worker_requests"].samples if s.labels.get("outcome") == "ok"]
     assert ok and ok[0].value >= 1
+    assert [s.value for s in families["tidal_worker_ready"].samples] == [1.0]
 
 
 def test_full_queue_is_429_an_expired_deadline_504_and_sigterm_drains_and_exits_0():
