@@ -39,7 +39,11 @@ MAX_TIME_S = 1e12
 
 @dataclass(frozen=True)
 class Event:
-    """A declared event; times in the series' clock (Unix seconds for dated traces)."""
+    """A declared event; times in the series' clock (Unix seconds for dated traces).
+
+    Every number is finite and in range (`MAX_TIME_S`, `MULTIPLIER_RANGE`, `MAX_RATE_RPS`;
+    ramps >= 0), checked here so that no path (a file, an API body, a stored copy) can
+    hand the forecast a NaN."""
 
     name: str
     start_s: float
