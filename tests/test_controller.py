@@ -1,20 +1,24 @@
 """Policies and the controller on small synthetic traces, through the real simulator."""
 
 import itertools
+import json
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from adaptive.bus import PoolStats
 from adaptive.config import BatchConfig
-from adaptive.controller import Controller, ControllerSettings, Override
+from adaptive.controller import Controller, ControllerSettings, Override, _more_cautious
 from adaptive.decisions import Mode
 from adaptive.guards import Guard, Guardrails
 from adaptive.latency import LinearLatency
-from adaptive.policy import Observation
+from adaptive.policy import Decision, Observation
 from adaptive.specs import PolicyContext, build_policy
 from forecaster.events import Event
 from forecaster.series import RateSeries
+from server.control.plane import PinnedConfig
 from simulations.cli import policy_context
 from simulations.engine import PoolSettings
 from simulations.run import SimulationSettings, simulate
@@ -189,3 +193,43 @@ def test_an_operator_pin_applies_at_once_and_the_policy_resumes_at_once_when_it_
     # the policy's config returns at the first tick past the expiry.
     assert chosen[4][0] == BatchConfig(32, 0.010)
     assert controller.config == BatchConfig(32, 0.010)
+
+
+configs = st.builds(
+    BatchConfig,
+    st.integers(1, 512),
+    st.sampled_from([0.0, 0.001, 0.002, 0.005, 0.01, 0.05]),
+    st.integers(0, 1024),
+)
+
+
+@given(backup=configs, planned=configs)
+def test_falling_back_never_loses_a_cap_or_a_warm_target_the_forecast_asks_for(backup, planned):
+    """Defect 4: in fallback the forecast's warm-ahead was rebuilt away."""
+    chosen = _more_cautious(
+        Decision(backup, "reactive"), Decision(planned, "forecast"), "why", "reactive"
+    ).config
+    assert chosen.max_batch_size == max(backup.max_batch_size, planned.max_batch_size)
+    assert chosen.warm_target == max(backup.warm_target, planned.warm_target)
+    assert chosen.timeout_s == min(backup.timeout_s, planned.timeout_s)
+
+
+@given(config=configs, for_s=st.floats(1.0, 1e6))
+def test_a_pin_keeps_its_warm_target_through_the_api_the_bus_and_the_controller(config, for_s):
+    pinned = PinnedConfig.from_dict(json.loads(json.dumps(PinnedConfig(config, for_s).to_dict())))
+    assert pinned.config == config
+    controller = Controller(
+        build_policy("static:max_batch=4,timeout=1ms", PolicyContext(0.1, 1)), ControllerSettings()
+    )
+    controller.pin(Override(pinned.config, until_s=10.0))
+    stats = PoolStats(Observation(1.0, 1.0, 10, 10, 0, 0, 0.01, 0.02, 2.0, 0.5, 0.1))
+    record = controller.step(1.0, stats)
+    assert record.chosen == config and record.chosen.warm_target == config.warm_target
+
+
+def test_fallback_keeps_the_warm_ahead_of_a_declared_event_by_hand():
+    backup = Decision(BatchConfig(16, 0.002), "reactive")
+    planned = Decision(BatchConfig(64, 0.0, 256), "forecast: sale at +30 s")
+    decision = _more_cautious(backup, planned, "no forecast yet", "reactive")
+    assert decision.config == BatchConfig(64, 0.0, 256)
+    assert "keeping batches up to 256 warm" in decision.reason
