@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 
@@ -129,50 +128,3 @@ def _warm_everywhere(latest: Iterable[WorkerStats]) -> tuple[int, ...] | None:
     """Buckets are prefixes (1, 2, 4, ...), so what every worker has warm is the shortest."""
     modelled = [r.warmed_buckets for r in latest if r.warmed_buckets is not None]
     return min(modelled, key=len) if modelled else None
-
-
-class Bus(Protocol):
-    def publish_config(self, pool: str, config: VersionedConfig) -> None: ...
-
-    def current_config(self, pool: str) -> VersionedConfig | None: ...
-
-    def publish_stats(self, pool: str, stats: PoolStats) -> None: ...
-
-    def take_stats(self, pool: str) -> PoolStats | None:
-        """The latest stats since the last take, or None if none arrived."""
-        ...
-
-    def publish_worker_stats(self, pool: str, stats: WorkerStats) -> None: ...
-
-    def take_worker_stats(self, pool: str) -> list[WorkerStats]:
-        """Every worker report since the last take, oldest first."""
-        ...
-
-
-class InMemoryBus:
-    """A bus inside one process."""
-
-    def __init__(self) -> None:
-        self._configs: dict[str, VersionedConfig] = {}
-        self._stats: dict[str, PoolStats] = {}
-        self._worker_stats: dict[str, list[WorkerStats]] = {}
-
-    def publish_config(self, pool: str, config: VersionedConfig) -> None:
-        held = self._configs.get(pool)
-        if held is None or config.version > held.version:
-            self._configs[pool] = config
-
-    def current_config(self, pool: str) -> VersionedConfig | None:
-        return self._configs.get(pool)
-
-    def publish_stats(self, pool: str, stats: PoolStats) -> None:
-        self._stats[pool] = stats
-
-    def take_stats(self, pool: str) -> PoolStats | None:
-        return self._stats.pop(pool, None)
-
-    def publish_worker_stats(self, pool: str, stats: WorkerStats) -> None:
-        self._worker_stats.setdefault(pool, []).append(stats)
-
-    def take_worker_stats(self, pool: str) -> list[WorkerStats]:
-        return self._worker_stats.pop(pool, [])

@@ -1,17 +1,13 @@
 """The worker on the bus: stats out every interval, newer configs in, pool merge exact."""
 
-import asyncio
 from dataclasses import replace
 
 import pytest
-from test_worker_batcher import EchoRunner
 
-from adaptive.bus import InMemoryBus, VersionedConfig, WorkerStats, observe_pool
+from adaptive.bus import WorkerStats, observe_pool
 from adaptive.config import BatchConfig
 from adaptive.histogram import BUCKET_LOWER_S, NUM_BUCKETS
 from adaptive.policy import Snapshot
-from server.worker.batching import DynamicBatcher
-from server.worker.reporter import StatsReporter
 
 
 def bucket_of(seconds: float) -> int:
@@ -88,30 +84,3 @@ def test_a_cold_worker_counts_and_nothing_warm_is_not_warm_up_not_modelled():
     assert snapshot(None).warm_cap == 64  # warm-up not modelled: any batch serves
     assert snapshot(()).warm_cap == 1  # nothing warm: one request at a time
     assert snapshot((1, 2, 4)).serving_cap == 4
-
-
-def test_worker_reports_every_interval_and_takes_only_newer_configs():
-    async def scenario():
-        bus = InMemoryBus()
-        batcher = DynamicBatcher(EchoRunner(), BatchConfig(8, 0.001), warm_at_start=False)
-        await batcher.start()
-        reporter = StatsReporter(batcher, bus, "pool", "w1", interval_s=0.05)
-        reporter.start()
-        await asyncio.gather(*(batcher.submit(i) for i in range(100)))
-        bus.publish_config("pool", VersionedConfig(5, BatchConfig(16, 0.002)))
-        await asyncio.sleep(0.12)
-        applied = (batcher.config, batcher.version)
-        batcher.version = 9  # a worker already ahead ignores an older config
-        bus.publish_config("pool", VersionedConfig(7, BatchConfig(2, 0.0)))
-        await asyncio.sleep(0.12)
-        await reporter.stop()
-        await batcher.drain()
-        return applied, batcher, bus.take_worker_stats("pool")
-
-    applied, batcher, reports = asyncio.run(scenario())
-    assert applied == (BatchConfig(16, 0.002), 5)
-    assert batcher.config == BatchConfig(16, 0.002)
-    assert len(reports) >= 4
-    assert sum(r.arrivals for r in reports) == 100 == sum(r.completed for r in reports)
-    assert sum(n for r in reports for _, n in r.latency_buckets) == 100
-    assert sum(size * n for r in reports for size, n in r.batch_sizes) == 100

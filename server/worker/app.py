@@ -42,7 +42,6 @@ from server.worker.batching import (
 from server.worker.link import WorkerLink
 from server.worker.metrics import WorkerMetrics
 from server.worker.models import ServedModel
-from server.worker.reporter import StatsReporter
 from tidal_base.errors import InvalidInput
 
 
@@ -60,7 +59,7 @@ class ConfigRequest(BaseModel):
 def create_app(
     model: ServedModel,
     batcher: DynamicBatcher,
-    link: StatsReporter | WorkerLink | None = None,
+    link: WorkerLink | None = None,
     token: str | None = None,
 ) -> FastAPI:
     """The worker's app; the batcher (and its bus link, if any) start and stop with the

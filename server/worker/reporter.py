@@ -1,25 +1,21 @@
-"""The worker's side of the bus: stats out every second, newer configs in.
+"""What a worker tells the pool, and the one rule for what it takes from it.
 
 `StatsCollector` turns the batcher's counters into one `WorkerStats` per window
 (arrivals, completions, sheds, a latency histogram, batch sizes, busy seconds, queue
 depth, warmed buckets, the config version in force), each covering the seconds measured
-on the batcher's clock since the last one. `StatsReporter` publishes them on
-an in-process `Bus` and applies the pool's config when its version is newer than the
-one running, so a missed or repeated message never moves a worker backwards; it reads
-the config on its first tick too, so a worker that (re)joins picks up the pool's config.
-(`server/worker/link.py` does the same over Redis.)
+on the batcher's clock since the last one. `apply_if_newer` runs a published config only
+if its version is newer than the one running, so a missed or repeated message never
+moves a worker backwards. `server/worker/link.py` carries both over the bus (Redis, or
+in-process).
 """
 
 from __future__ import annotations
 
-import asyncio
-
 import numpy as np
 
-from adaptive.bus import Bus, VersionedConfig, WorkerStats
+from adaptive.bus import VersionedConfig, WorkerStats
 from adaptive.clock import Clock
 from adaptive.histogram import LatencyHistogram
-from server.worker.background import spawn
 from server.worker.batching import DynamicBatcher
 
 
@@ -79,45 +75,3 @@ def apply_if_newer(batcher: DynamicBatcher, published: VersionedConfig | None) -
         return False
     batcher.reconfigure(published.config, published.version)
     return True
-
-
-class StatsReporter:
-    """Publishes on an in-process bus every interval; applies newer pool configs."""
-
-    def __init__(
-        self, batcher: DynamicBatcher, bus: Bus, pool: str, worker: str, interval_s: float = 1.0
-    ) -> None:
-        self.batcher = batcher
-        self.bus = bus
-        self.pool = pool
-        self.interval_s = interval_s
-        self.collector = StatsCollector(batcher, worker, interval_s)
-        self._task: asyncio.Task | None = None
-
-    def start(self) -> None:
-        self.collector.begin()
-        self._task = spawn(self._loop(), "stats-reporter", self.batcher.errors)
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.wait({self._task})  # a failure was reported when it happened
-        self.report()  # the last partial window
-
-    async def _loop(self) -> None:
-        while True:
-            self._step(lambda: apply_if_newer(self.batcher, self.bus.current_config(self.pool)))
-            await asyncio.sleep(self.interval_s)
-            self._step(self.report)
-
-    def _step(self, step) -> None:
-        """One step of the loop; a failure is logged and counted, and the loop goes on."""
-        try:
-            step()
-        except Exception as error:
-            self.batcher.errors.record("stats-reporter", error)
-
-    def report(self) -> WorkerStats:
-        stats = self.collector.collect()
-        self.bus.publish_worker_stats(self.pool, stats)
-        return stats
