@@ -6,8 +6,12 @@ from typing import Protocol
 
 
 class Clock(Protocol):
+    """Where a shell's time comes from: the simulator's `ManualClock`, the live shells'
+    `server.clock.LoopClock` (the event loop's time, virtual in tests)."""
+
     def now(self) -> float:
-        """Monotonic seconds."""
+        """Seconds since the clock's zero; never decreases, unaffected by wall-clock
+        steps (NTP, DST). Core code never calls it: shells pass `now` in."""
         ...
 
 

@@ -119,7 +119,12 @@ class Policy(Protocol):
         """The config to start with, before any observation."""
         ...
 
-    def decide(self, snapshot: Snapshot) -> Decision: ...
+    def decide(self, snapshot: Snapshot) -> Decision:
+        """The config for the next tick. Deterministic in the snapshots seen so far
+        (state only as a function of them), no clock, no I/O, no randomness: the
+        simulator and the live loop get the same answers from the same snapshots. The
+        guardrails apply afterwards; a move made to protect latency says `protective`."""
+        ...
 
 
 @runtime_checkable
