@@ -5,6 +5,10 @@
 
 With no --trace it replays the built-in promotion day (the generator behind
 examples/promo_day.csv, same seed), so it runs anywhere with nothing else.
+
+This module builds the parser from light imports only; the simulator (numba, pandas)
+loads inside the functions that run it, so `simulate --help`, and the `tidal`
+subcommands that borrow the argument helpers here, start fast.
 """
 
 from __future__ import annotations
@@ -14,23 +18,21 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from tqdm import tqdm
-
-from adaptive.guards import Guardrails
-from adaptive.latency import LatencyModel, parse_latency_model
-from adaptive.optimizer import PerformanceTable
-from adaptive.specs import PolicyContext, build_policy, parse_policy_spec
-from forecaster.events import Event, load_events, rescale_events
-from forecaster.series import RateSeries, epoch_seconds, series_from_trace
-from simulations.calibration import performance_table
-from simulations.engine import PoolSettings, Routing
-from simulations.promo_day import PromoDaySpec, generate_promo_day
-from simulations.report import format_table, summary_dict, write_outputs
-from simulations.run import SimulationReport, SimulationSettings, simulate
-from simulations.traces import CountTrace, Trace, TraceFormat, load_trace
 from tidal_base.errors import InvalidInput, TidalError
+from tidal_base.specs import parse_spec
 from tidal_base.units import parse_duration_s
+
+if TYPE_CHECKING:
+    from adaptive.guards import Guardrails
+    from adaptive.latency import LatencyModel
+    from adaptive.optimizer import PerformanceTable
+    from adaptive.specs import PolicyContext
+    from forecaster.events import Event
+    from simulations.engine import PoolSettings
+    from simulations.run import SimulationReport
+    from simulations.traces import Trace
 
 DEFAULT_POLICIES = (
     "static:max_batch=8,timeout=2ms",
@@ -38,6 +40,11 @@ DEFAULT_POLICIES = (
     "static:max_batch=128,timeout=25ms",
 )
 DEFAULT_LATENCY_MODEL = "linear:5,0.4"
+TRACE_FORMATS = ("auto", "requests", "counts")
+"""`simulations.traces.TraceFormat`'s values, here so that --help needs no pandas (a test
+checks that they agree)."""
+ROUTINGS = ("shared", "round-robin", "shortest-queue")
+"""`simulations.engine.Routing`'s values, here so that --help needs no numba (checked too)."""
 
 
 def duration_arg(text: str) -> float:
@@ -81,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     source.add_argument(
         "--format",
-        choices=[f.value for f in TraceFormat],
+        choices=TRACE_FORMATS,
         default="auto",
         help="trace format (default: detected from the header)",
     )
@@ -108,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     fleet.add_argument("--workers", type=positive_int_arg, default=10, help="workers (default 10)")
     fleet.add_argument(
         "--routing",
-        choices=[r.value for r in Routing],
+        choices=ROUTINGS,
         default="shared",
         help="one shared queue, or per-worker queues (default shared)",
     )
@@ -184,6 +191,12 @@ def run_reporting_errors(prog: str, command: Callable[[], int]) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from adaptive.latency import parse_latency_model
+    from adaptive.specs import build_policy
+    from forecaster.series import epoch_seconds
+    from simulations.engine import PoolSettings, Routing
+    from simulations.run import SimulationSettings
+
     trace = _load(args)
     for note in trace.notes:
         print(f"simulate: warning: {note}", file=sys.stderr)
@@ -212,6 +225,9 @@ def _run(args: argparse.Namespace) -> int:
 
 def policy_context(trace: Trace, latency: LatencyModel, pool: PoolSettings) -> PolicyContext:
     """What policies may use in simulation: the optimiser's table and the recorded future."""
+    from adaptive.specs import PolicyContext
+    from forecaster.series import RateSeries, series_from_trace
+    from simulations.calibration import performance_table
 
     def table(slo_s: float) -> PerformanceTable:
         return performance_table(latency, pool.workers, slo_s, pool.warmup_s > 0, pool.routing)
@@ -225,6 +241,8 @@ def _events(args: argparse.Namespace, origin_s: float) -> tuple[Event, ...]:
     """Declared events, with times compressed like the trace's under --time-scale."""
     if args.events is None:
         return ()
+    from forecaster.events import load_events, rescale_events
+
     return rescale_events(load_events(args.events), origin_s, args.time_scale)
 
 
@@ -241,7 +259,9 @@ GUARD_KEYS = {
 
 def parse_guardrails(text: str) -> Guardrails:
     """`min_batch=8,max_batch=128,dwell=60s`: errors name the key and the value."""
-    spec = parse_policy_spec("guard:" + text)
+    from adaptive.guards import Guardrails
+
+    spec = parse_spec("guard:" + text)
     fields = {"min_timeout": "min_timeout_s", "max_timeout": "max_timeout_s", "dwell": "dwell_s"}
     values = {}
     for key, value in spec.options.items():
@@ -256,6 +276,9 @@ def parse_guardrails(text: str) -> Guardrails:
 
 
 def _load(args: argparse.Namespace) -> Trace:
+    from simulations.promo_day import PromoDaySpec, generate_promo_day
+    from simulations.traces import CountTrace, TraceFormat, load_trace
+
     if args.trace is None:
         day = generate_promo_day(PromoDaySpec())
         return CountTrace(
@@ -273,6 +296,10 @@ def _load(args: argparse.Namespace) -> Trace:
 def _simulate_with_progress(
     trace, policies, settings, latency, no_progress, shadows=None
 ) -> SimulationReport:
+    from tqdm import tqdm
+
+    from simulations.run import simulate
+
     with tqdm(
         total=round(trace.duration_s),
         unit="sim-s",
@@ -289,6 +316,8 @@ def _simulate_with_progress(
 
 
 def _emit(report: SimulationReport, args: argparse.Namespace) -> None:
+    from simulations.report import format_table, summary_dict
+
     if args.out is not None:
         _write_out(report, args.out)
     if args.json:
@@ -301,6 +330,7 @@ def _emit(report: SimulationReport, args: argparse.Namespace) -> None:
 
 def _write_out(report: SimulationReport, out_dir: Path) -> None:
     from simulations.plots import write_plots  # matplotlib loads only when plots are wanted
+    from simulations.report import write_outputs
 
     try:
         write_outputs(report, out_dir)

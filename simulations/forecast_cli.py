@@ -2,6 +2,9 @@
 
     tidal forecast backtest --trace examples/promo_day.csv --step 1m --horizon 10m \
         --events examples/promo_day.events.yaml
+
+Registering the arguments imports nothing heavy; the forecasters and the trace reader
+load when the backtest runs.
 """
 
 from __future__ import annotations
@@ -10,14 +13,15 @@ import argparse
 import json
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from forecaster.backtest import BacktestResult, BacktestSettings, backtest
-from forecaster.events import EventAware, load_events
-from forecaster.registry import build_forecaster
-from forecaster.series import RateSeries, series_from_trace
-from simulations.traces import TraceFormat, load_trace
+from simulations.cli import TRACE_FORMATS
 from tidal_base.errors import InvalidInput
 from tidal_base.units import parse_duration_s
+
+if TYPE_CHECKING:
+    from forecaster.backtest import BacktestResult, BacktestSettings
+    from forecaster.series import RateSeries
 
 DEFAULT_MODELS = ("seasonal-naive", "holt", "holt-winters", "mstl")
 BASELINE = "seasonal-naive"
@@ -32,7 +36,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__.splitlines()[0],
     )
     bt.add_argument("--trace", type=Path, required=True)
-    bt.add_argument("--format", choices=[f.value for f in TraceFormat], default="auto")
+    bt.add_argument("--format", choices=TRACE_FORMATS, default="auto")
     bt.add_argument("--step", default="1m", help="series step (default 1m)")
     bt.add_argument("--horizon", default="10m", help="how far ahead (default 10m)")
     bt.add_argument(
@@ -59,6 +63,12 @@ def _steps(text: str, step_s: float, field: str) -> int:
 
 
 def run_backtest(args: argparse.Namespace) -> int:
+    from forecaster.backtest import backtest
+    from forecaster.events import EventAware, load_events
+    from forecaster.registry import build_forecaster
+    from forecaster.series import series_from_trace
+    from simulations.traces import TraceFormat, load_trace
+
     step_s = parse_duration_s(args.step, field="step")
     if not 0 < args.level < 1:
         raise InvalidInput(f"level must be in (0, 1), got {args.level}")
@@ -80,6 +90,8 @@ def run_backtest(args: argparse.Namespace) -> int:
 
 
 def _settings(args: argparse.Namespace, series: RateSeries) -> BacktestSettings:
+    from forecaster.backtest import BacktestSettings
+
     step_s = series.step_s
     initial = (
         _steps(args.initial, step_s, "initial")
