@@ -1,18 +1,21 @@
 """The whole loop with real processes: Redis, two controllers, two workers, a load generator.
 
 One scenario on one timeline (L = when the replay starts; load steps from 5 to 40 req/s
-at L+36 s, and the step is declared through the API):
+at L+26 s, and the step is declared through the API):
 
     L+4   an operator pins a config for 3 s; workers run it; it expires
-    L+36  the step: the controller must have warmed the larger buckets before it
-    L+46  Redis stops for 3 s: no request fails; the loop recovers when it returns
-    L+56  the leader is killed: the standby takes over, no config version goes back
+    L+26  the step: the controller must have warmed the larger buckets before it
+    L+30  Redis stops for 2 s: no request fails; the loop recovers when it returns
+    L+40  the leader is killed: the standby takes over, no config version goes back
+
+The shell logic (leadership, versions, warm-up, fail-static) is tested in virtual time
+elsewhere; this is the proof that the real processes do it together.
 
 The controller plans with the latency model `linear:100,1` (2 workers, SLO 300 ms), under
 which 5 req/s (and its noise) is served with batch 2 or 4. The operator declares the step
 as 20x (100 req/s, which needs batch 16) while the replay steps to 40 req/s, so the CPU
 under test is not overrun: warming 16 before the step can only come from the forecast.
-The planner looks 12 s ahead (`lead=12s`), so before L+23 it has no reason to grow.
+The planner looks 12 s ahead (`lead=12s`), so before L+13 it has no reason to grow.
 Redis runs without persistence here, so the decision log is read before it stops.
 """
 
@@ -36,8 +39,8 @@ from redis_server import RedisProcess, free_port
 
 POOL = "e2e"
 TOKEN = "e2e-secret"
-STEP_AT_S = 36.0
-REPLAY_S = 70
+STEP_AT_S = 26.0
+REPLAY_S = 46
 LEASE_S = 1.0
 
 
@@ -205,9 +208,9 @@ def test_the_control_plane_end_to_end(fleet):
     wait_for(lambda: pool(a)["override"] is None, 6, "the override to expire")
 
     # Redis goes away and comes back.
-    at(44)
+    at(STEP_AT_S + 2)
     records = httpx.get(f"{a}/v1/pools/{POOL}/decisions", params={"limit": 1000}).json()
-    at(46)
+    at(STEP_AT_S + 4)
     server.stop()
     wait_for(lambda: httpx.get(f"{a}/readyz").status_code == 503, 5, "a to report not ready")
     time.sleep(2)
@@ -216,7 +219,7 @@ def test_the_control_plane_end_to_end(fleet):
     wait_for(lambda: pool(a)["workers_alive"] == 2, 10, "workers to rejoin")
 
     # The leader dies; the standby takes over within two leases (plus a tick).
-    at(56)
+    at(STEP_AT_S + 14)
     metrics_a = httpx.get(f"{a}/metrics").text
     processes[first].kill()
     killed = time.monotonic()
