@@ -138,7 +138,7 @@ class ConfigOptimizer:
     margin: float = 0.8
     _cache: dict[tuple[int, ...], Choice] = field(default_factory=dict, repr=False)
 
-    _predictions: dict[tuple[int, int, float], Alternative] = field(
+    _predictions: dict[tuple[int, BatchConfig], Alternative] = field(
         default_factory=dict, repr=False
     )
 
@@ -239,7 +239,9 @@ class ConfigOptimizer:
         (infinite p99 and cost) for a config `outside` the table. Cached per rate band."""
         _check_rates(rate_rps)
         band = _band(rate_rps)
-        key = (band, config.max_batch_size, config.timeout_s)
+        # Keyed by the whole config: the answer carries it, and one cached for another
+        # warm target would hand the caller a warm target it never asked for.
+        key = (band, config)
         predicted = self._predictions.get(key)
         if predicted is None:
             predicted = self._predictions[key] = self._predict(config, RATE_BIN**band)

@@ -145,3 +145,13 @@ def test_predictive_moves_off_a_config_its_table_cannot_predict(table, pinned, w
     assert decision.reason.startswith(why + ", so its latency cannot be predicted")
     held = policy.decide(predictive_snapshot(decision.config, 2000.0, 0.03))
     assert held.config == decision.config and "outside" not in held.reason
+
+
+def test_a_prediction_carries_the_config_asked_for_not_one_cached_before():
+    # The cache was keyed by (rate band, cap, timeout): after a prediction for the
+    # config in force with warm-ahead, predictive's own plain config came back with that
+    # warm target, and it warmed buckets (on the promotion day, 128 at 00:14:46) that
+    # its forecast did not need.
+    optimizer = ConfigOptimizer(tiny_table(), slo_s=0.05)
+    optimizer.predict(BatchConfig(8, 0.005, 32), 100.0)
+    assert optimizer.predict(BatchConfig(8, 0.005), 100.0).config == BatchConfig(8, 0.005)
