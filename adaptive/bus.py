@@ -10,13 +10,12 @@ version only grows, so a worker can ignore anything older than what it runs.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
 from adaptive.config import BatchConfig
-from adaptive.histogram import NUM_BUCKETS, quantile_from_counts
+from adaptive.histogram import BUCKET_REPRESENTATIVES_S
 from adaptive.policy import Observation
 
 
@@ -98,10 +97,7 @@ def observe_pool(
     """
     covered_s = sum(r.covered_s for r in reports)
     arrivals = sum(r.arrivals for r in reports)
-    counts = np.zeros(NUM_BUCKETS, dtype=np.int64)
-    for report in reports:
-        for bucket, count in report.latency_buckets:
-            counts[bucket] += count
+    p50_s, p99_s = _latency_quantiles(reports)
     batches = sum(r.batches for r in reports)
     latest = {r.worker: r for r in reports}  # reports arrive oldest first
     observation = Observation(
@@ -111,17 +107,37 @@ def observe_pool(
         completed=sum(r.completed for r in reports),
         shed=sum(r.shed for r in reports),
         queue_depth=sum(r.queue_depth for r in latest.values()),
-        latency_p50_s=quantile_from_counts(counts, 0.5),
-        latency_p99_s=quantile_from_counts(counts, 0.99),
+        latency_p50_s=p50_s,
+        latency_p99_s=p99_s,
         mean_batch_size=sum(r.batch_size_sum for r in reports) / batches if batches else None,
         batch_fill_ratio=sum(r.fill_sum for r in reports) / batches if batches else None,
         utilization=sum(r.busy_s for r in reports) / covered_s if covered_s else 0.0,
         batches=batches,
         busy_s=sum(r.busy_s for r in reports),
-        rate_rps=arrivals / covered_s * max(workers, 1) if covered_s else 0.0,
+        rate_rps=arrivals * max(workers, 1) / covered_s if covered_s else 0.0,
     )
     version = min((r.config_version for r in reports), default=0)
     return PoolStats(observation, _warm_everywhere(latest.values()), version)
+
+
+def _latency_quantiles(reports: Sequence[WorkerStats]) -> tuple[float | None, float | None]:
+    """p50 and p99 of the merged histograms, nearest rank (`quantile_from_counts`'s rule),
+    on the sparse buckets: a tick touches a few dozen of the histogram's buckets."""
+    merged: dict[int, int] = {}
+    for report in reports:
+        for bucket, count in report.latency_buckets:
+            merged[bucket] = merged.get(bucket, 0) + count
+    total = sum(merged.values())
+    if not total:
+        return None, None
+    ranks = [max(1, math.ceil(q * total)) for q in (0.5, 0.99)]
+    found: list[float] = []
+    seen = 0
+    for bucket in sorted(merged):
+        seen += merged[bucket]
+        while len(found) < len(ranks) and seen >= ranks[len(found)]:
+            found.append(float(BUCKET_REPRESENTATIVES_S[bucket]))
+    return found[0], found[1]
 
 
 def _warm_everywhere(latest: Iterable[WorkerStats]) -> tuple[int, ...] | None:
