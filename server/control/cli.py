@@ -24,13 +24,13 @@ from prometheus_client import CollectorRegistry
 
 from adaptive.latency import parse_latency_model
 from forecaster.events import load_events
+from server.api_token import TOKEN_ENV, api_token
 from server.bus.local import LocalPoolBus
 from server.bus.protocols import PoolBus
 from server.bus.redis_bus import RedisBus, connect
 from server.control.app import create_app
 from server.control.metrics import ControllerMetrics
 from server.control.plane import PoolControl, PoolPlan
-from server.http_auth import TOKEN_ENV, api_token
 from server.tasks import cancel_and_wait
 from simulations.cli import (
     DEFAULT_LATENCY_MODEL,

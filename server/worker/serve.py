@@ -1,0 +1,101 @@
+"""Serving `tidal worker`: bind the port, load the model, run the batcher behind uvicorn.
+
+`server.worker.cli` parses and checks the cheap flags, then calls `serve`; this module
+holds what needs torch and the web stack, so `tidal worker --help` loads neither.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import signal
+import socket
+
+import uvicorn
+
+from adaptive.config import BatchConfig
+from server.api_token import TOKEN_ENV, api_token
+from server.bus.redis_bus import RedisBus, connect
+from server.worker.app import create_app
+from server.worker.batching import DynamicBatcher
+from server.worker.link import WorkerLink
+from server.worker.models import load_model
+from server.worker.runner import TorchRunner, parse_device
+from tidal_base.errors import InvalidInput
+
+log = logging.getLogger("tidal.worker")
+
+
+def serve(args: argparse.Namespace, config: BatchConfig) -> int:
+    """Everything that can fail on the user's input fails before the model loads."""
+    device = parse_device(args.device)
+    client = _redis_client(args.redis) if args.redis else None
+    token = api_token(args.token_file)
+    listening = listen(args.host, args.port)
+    model = load_model(args.model)
+    runner = TorchRunner(model, str(device), compile=args.compile)
+    batcher = DynamicBatcher(
+        runner,
+        config,
+        instances=args.instances,
+        max_queue=args.max_queue,
+        padding_waste=model.padding_waste,
+        group_key=_group_key(model, args.group_by_length),
+    )
+    link = None
+    if client is not None:
+        bus = RedisBus(client, prefix=args.redis_prefix)
+        link = WorkerLink(batcher, bus, args.pool, args.name or f"{args.host}:{args.port}")
+    elif token is None:
+        log.warning("no API token (%s or --token-file): PUT /v1/config is refused", TOKEN_ENV)
+    app = create_app(model, batcher, link, token)
+    server_config = uvicorn.Config(
+        app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=30
+    )
+    _DrainingServer(server_config).run(sockets=[listening])
+    return 0
+
+
+def _group_key(model, wanted: bool):
+    if not wanted:
+        return None
+    if model.length_group is None:
+        raise InvalidInput(f"--group-by-length: {model.name} has fixed-size inputs")
+    return model.length_group
+
+
+def _redis_client(url: str):
+    try:
+        return connect(url)
+    except ValueError as error:  # redis-py's word for a URL it cannot parse
+        raise InvalidInput(f"--redis {url!r}: {error}") from None
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port for uvicorn, or one line saying why there is none."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+    try:
+        sock.bind((host, port))
+    except (OSError, OverflowError) as error:
+        sock.close()
+        reason = getattr(error, "strerror", None) or str(error)
+        raise InvalidInput(f"--host/--port: cannot listen on {host}:{port} ({reason})") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+class _DrainingServer(uvicorn.Server):
+    """uvicorn re-raises SIGTERM after its graceful shutdown, so the process would die by
+    the signal; a drained worker has done its job and exits 0."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        previous = {s: signal.signal(s, self.handle_exit) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for number, handler in previous.items():
+                signal.signal(number, handler)
