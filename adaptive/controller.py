@@ -229,19 +229,19 @@ class Controller:
             planned_rate_rps=decision.planned_rate_rps,
             alternatives=decision.alternatives,
             shadow=shadow,
+            noteworthy=self._noteworthy(chosen != previous, shadow),
         )
-        record = replace(record, noteworthy=self._noteworthy(record))
         self.last = record
         return record
 
-    def _noteworthy(self, record: DecisionRecord) -> bool:
+    def _noteworthy(self, changed: bool, shadow: ShadowDecision | None) -> bool:
         """Kept records: config changes, mode changes, and shadow disagreements."""
         last = self.last
-        if last is None or record.changed or record.mode is not last.mode:
+        if last is None or changed or self.mode is not last.mode:
             return True
-        if record.shadow is None:
+        if shadow is None:
             return False
-        return last.shadow is None or record.shadow.config != last.shadow.config
+        return last.shadow is None or shadow.config != last.shadow.config
 
 
 def _more_cautious(

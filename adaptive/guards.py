@@ -49,6 +49,12 @@ class Guardrails:
 
     def clamp(self, config: BatchConfig) -> BatchConfig:
         """`config` inside the operator's bounds, its warm target kept up to `max_batch`."""
+        if (
+            self.min_batch <= config.max_batch_size
+            and config.warm_target <= self.max_batch
+            and self.min_timeout_s <= config.timeout_s <= self.max_timeout_s
+        ):
+            return config  # the common case, every tick: nothing to rebuild
         return replace(
             config,
             max_batch_size=min(max(config.max_batch_size, self.min_batch), self.max_batch),

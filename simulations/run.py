@@ -282,15 +282,16 @@ def pool_report(
     """A simulated pool's tick as its workers would report it over the bus: one
     `WorkerStats` that covers all of them (`replicas`)."""
     warm = pool.warmup_status(now)
-    histogram = pool.tick_histogram
-    buckets = np.flatnonzero(histogram) if s.completed else np.zeros(0, dtype=np.int64)
     return WorkerStats(
         worker=_PolicyRun.POOL,
         window_s=tick_s,
         arrivals=s.arrivals,
         completed=s.completed,
         shed=s.shed,
-        latency_buckets=tuple(zip(buckets.tolist(), histogram[buckets].tolist(), strict=True)),
+        latency_buckets=(),
+        latency_counts=pool.tick_histogram.copy() if s.completed else None,
+        latency_p50_s=s.p50_s,
+        latency_p99_s=s.p99_s,
         latency_sum_s=s.latency_sum_s,
         batch_sizes=(),
         busy_s=s.busy_s,

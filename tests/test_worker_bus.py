@@ -2,12 +2,17 @@
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
+from numpy.random import default_rng as rng
 
 from adaptive.bus import WorkerStats, observe_pool
 from adaptive.config import BatchConfig
-from adaptive.histogram import BUCKET_LOWER_S, NUM_BUCKETS
+from adaptive.histogram import BUCKET_LOWER_S, NUM_BUCKETS, quantile_from_counts
+from adaptive.latency import LinearLatency
 from adaptive.policy import Snapshot
+from simulations.engine import PoolSettings, SimulatedPool
+from simulations.run import pool_report
 
 
 def bucket_of(seconds: float) -> int:
@@ -84,3 +89,27 @@ def test_a_cold_worker_counts_and_nothing_warm_is_not_warm_up_not_modelled():
     assert snapshot(None).warm_cap == 64  # warm-up not modelled: any batch serves
     assert snapshot(()).warm_cap == 1  # nothing warm: one request at a time
     assert snapshot((1, 2, 4)).serving_cap == 4
+
+
+def test_the_simulators_own_tick_quantiles_are_the_histograms():
+    """The simulated pool's report carries the kernel's p50/p99, which observe_pool takes
+    as they are for a lone report: they must be what its histogram says."""
+    pool = SimulatedPool(PoolSettings(3, 0.1), LinearLatency(0.005, 0.0004), rng(1))
+    arrivals = np.sort(rng(2).uniform(0, 30, 20_000))
+    for tick in range(30):
+        start, end = float(tick), float(tick + 1)
+        chunk = arrivals[(arrivals >= start) & (arrivals < end)]
+        stats = pool.advance(start, end, chunk, BatchConfig(16, 0.004))
+        report = pool_report(pool, stats, end, 1.0, 1)
+        bare = replace(report, latency_p50_s=None, latency_p99_s=None)
+        counts = pool.tick_histogram
+        assert (report.latency_p50_s, report.latency_p99_s) == (
+            quantile_from_counts(counts, 0.5),
+            quantile_from_counts(counts, 0.99),
+        )
+        seen = observe_pool([report], end, 1.0, 3).observation
+        again = observe_pool([bare], end, 1.0, 3).observation
+        assert (seen.latency_p50_s, seen.latency_p99_s) == (
+            again.latency_p50_s,
+            again.latency_p99_s,
+        )

@@ -12,13 +12,20 @@ import dataclasses
 import json
 from typing import Any
 
+import numpy as np
+
 from adaptive.bus import WorkerStats
 from tidal_base.errors import TidalError
 
 SCHEMA = 1
 """Bumped when a field changes meaning; adding a field keeps the schema."""
 
-_FIELDS = {f.name for f in dataclasses.fields(WorkerStats)}
+# In-process only: the dense histogram goes out as pairs, and quantiles are recomputed.
+_FIELDS = {f.name for f in dataclasses.fields(WorkerStats)} - {
+    "latency_counts",
+    "latency_p50_s",
+    "latency_p99_s",
+}
 _REQUIRED = {f.name for f in dataclasses.fields(WorkerStats) if f.default is dataclasses.MISSING}
 _PAIRS = ("latency_buckets", "batch_sizes")
 
@@ -28,7 +35,15 @@ class MalformedStats(TidalError):
 
 
 def encode_stats(stats: WorkerStats) -> str:
-    return json.dumps({"schema": SCHEMA, **dataclasses.asdict(stats)})
+    fields = {f: getattr(stats, f) for f in _FIELDS}
+    if stats.latency_counts is not None:  # an in-process reporter's dense histogram
+        nonzero = np.flatnonzero(stats.latency_counts)
+        dense = stats.latency_counts[nonzero].tolist()
+        fields["latency_buckets"] = [
+            *stats.latency_buckets,
+            *zip(nonzero.tolist(), dense, strict=True),
+        ]
+    return json.dumps({"schema": SCHEMA, **fields})
 
 
 def decode_stats(text: str) -> WorkerStats:
