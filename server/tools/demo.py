@@ -1,8 +1,9 @@
 """`tidal demo`: a newcomer's first live run, on one machine, no Redis.
 
-It profiles the demo model (the planner's latency model), starts `tidal controller
---redis none` hosting two workers, replays a promotion day time-compressed against them
-with `tidal loadgen` (declared flash sales shifted onto the replay's clock), prints where
+It profiles the demo model (the planner's latency model; `--latency-model` reuses one),
+starts `tidal controller --redis none` hosting two workers, declares the flash sales
+through the operator API once the pool is ready (shifted onto the replay's clock),
+replays a promotion day time-compressed against them with `tidal loadgen`, prints where
 to look while it runs, and ends with what the controller did and why.
 """
 
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import secrets
 import signal
 import subprocess
@@ -21,6 +21,7 @@ from pathlib import Path
 
 import httpx
 
+from adaptive.latency import parse_latency_model
 from forecaster.events import event_to_dict, load_events, rescale_events
 from forecaster.series import epoch_seconds
 from simulations.cli import duration_arg, positive_float_arg
@@ -48,6 +49,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     demo.add_argument("--duration", type=duration_arg, help="stop the replay after this long")
     demo.add_argument("--policy", default="predictive", help="the controller's policy")
     demo.add_argument("--model", default="demo-cnn")
+    demo.add_argument(
+        "--latency-model",
+        help="the planner's latency model (a profile JSON or linear:BASE_MS,PER_ITEM_MS); "
+        "default: profile --model first (about 15 s)",
+    )
     demo.add_argument("--port", type=int, default=8000, help="API port; workers take the next two")
     demo.add_argument(
         "--keep-running", action="store_true", help="keep serving after the replay (Ctrl-C ends)"
@@ -57,6 +63,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run_demo(args: argparse.Namespace) -> int:
     trace = load_trace(args.trace)  # a bad trace fails here, before anything starts
+    if args.latency_model:
+        parse_latency_model(args.latency_model)  # and a bad latency model
     events_path = args.events or args.trace.with_suffix(".events.yaml")
     events = load_events(events_path) if events_path.exists() else ()
     peak_rps = float(trace.counts.max() / trace.step_s)
@@ -65,23 +73,15 @@ def run_demo(args: argparse.Namespace) -> int:
     api = f"http://127.0.0.1:{args.port}"
     workers = [f"http://127.0.0.1:{args.port + i}" for i in (1, 2)]
     print(f"tidal demo: working in {work}", flush=True)
-    print(f"profiling {args.model} (the planner's latency model) ...", flush=True)
-    run_tidal(
-        "profile", "--model", args.model, "--batch-sizes", "1,2,4,8,16,32,64",
-        "--runs", "10", "--out", str(work / "profile.json"), quiet=True,
-    )  # fmt: skip
+    latency_model = args.latency_model or _profile(args.model, work)
     token = secrets.token_urlsafe(24)
     (work / "token").write_text(token)
-    lead_s = 20.0  # the controller's start (policy table, workers' warm-up) fits in this
-    start_at = time.time() + lead_s
-    shifted = rescale_events(events, epoch_seconds(trace.origin), args.time_scale, start_at)
-    (work / "events.json").write_text(json.dumps({"events": [event_to_dict(e) for e in shifted]}))
     log = (work / "controller.log").open("w")
     controller = start_tidal(
         [
             "controller", "--redis", "none", "--pool", POOL, "--policy", args.policy,
-            "--workers", "2", "--latency-model", str(work / "profile.json"),
-            "--events", str(work / "events.json"), "--token-file", str(work / "token"),
+            "--workers", "2", "--latency-model", latency_model,
+            "--token-file", str(work / "token"),
             "--port", str(args.port), "--local-workers", "2", "--model", args.model,
             "--worker-port", str(args.port + 1),
         ],
@@ -89,6 +89,9 @@ def run_demo(args: argparse.Namespace) -> int:
     )  # fmt: skip
     try:
         wait_ready(api, controller, work / "controller.log")
+        start_at = time.time() + 2.0  # the replay's zero, a moment after the pool is ready
+        shifted = rescale_events(events, epoch_seconds(trace.origin), args.time_scale, start_at)
+        _declare(api, token, shifted)
         _print_guide(api, workers, work, args, len(shifted))
         replay = [
             "loadgen", "--trace", str(args.trace), "--target", ",".join(workers),
@@ -108,6 +111,29 @@ def run_demo(args: argparse.Namespace) -> int:
     finally:
         _stop(controller)
     return 0
+
+
+def _profile(model: str, work: Path) -> str:
+    print(f"profiling {model} (the planner's latency model) ...", flush=True)
+    run_tidal(
+        "profile", "--model", model, "--batch-sizes", "1,2,4,8,16,32,64",
+        "--runs", "10", "--out", str(work / "profile.json"), quiet=True,
+    )  # fmt: skip
+    return str(work / "profile.json")
+
+
+def _declare(api: str, token: str, events) -> None:
+    """The sales, declared as an operator would: through the API, with the write token."""
+    if not events:
+        return
+    answer = httpx.post(
+        f"{api}/v1/pools/{POOL}/events",
+        json={"events": [event_to_dict(e) for e in events]},
+        headers={"authorization": f"Bearer {token}"},
+        timeout=10,
+    )
+    if answer.status_code != 200:
+        raise InvalidInput(f"declaring the events failed: {answer.json().get('error')}")
 
 
 def run_tidal(*argv: str, quiet: bool = False) -> None:
