@@ -58,6 +58,20 @@ class SimulationSettings:
     def ticks_per_window(self) -> int:
         return round(self.window_s / self.tick_s)
 
+    def controller_settings(self, pool: str) -> ControllerSettings:
+        """The controller settings this replay gives each policy's controller (the parity
+        test hands the live loop the same)."""
+        return ControllerSettings(
+            pool=pool,
+            slo_s=self.pool.slo_s,
+            tick_s=self.tick_s,
+            workers=self.pool.workers,
+            warmup_s=self.pool.warmup_s,
+            origin_s=self.origin_s,
+            events=self.events,
+            guardrails=self.guardrails,
+        )
+
 
 @dataclass(frozen=True)
 class PolicyResult:
@@ -164,20 +178,7 @@ class _PolicyRun:
         self.settings = settings
         self.version = 1
         self.records: list[DecisionRecord] = []
-        self.controller = Controller(
-            policy,
-            ControllerSettings(
-                pool=self.POOL,
-                slo_s=settings.pool.slo_s,
-                tick_s=settings.tick_s,
-                workers=settings.pool.workers,
-                warmup_s=settings.pool.warmup_s,
-                origin_s=settings.origin_s,
-                events=settings.events,
-                guardrails=settings.guardrails,
-            ),
-            shadow=shadow,
-        )
+        self.controller = Controller(policy, settings.controller_settings(self.POOL), shadow=shadow)
         self.timeline = TimelineBuilder(settings.window_s, settings.pool.workers)
         self.counts = [0, 0, 0, 0, 0, 0.0]  # completed shed within_slo batches size fill
         self.busy_s = 0.0

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from adaptive.clock import ManualClock
-from adaptive.controller import Controller, ControllerSettings
+from adaptive.controller import Controller
 from adaptive.guards import Guardrails
 from adaptive.latency import LinearLatency
 from adaptive.specs import build_policy
@@ -59,19 +59,7 @@ def simulated_decisions(spec: str) -> list[dict]:
 async def live_decisions(spec: str) -> list[dict]:
     settings, bus, clock = SETTINGS, LocalPoolBus(), ManualClock()
     policy = build_policy(spec, policy_context(trace(), LATENCY, settings.pool))
-    controller = Controller(
-        policy,
-        ControllerSettings(
-            pool=POOL,
-            slo_s=settings.pool.slo_s,
-            tick_s=settings.tick_s,
-            workers=settings.pool.workers,
-            warmup_s=settings.pool.warmup_s,
-            origin_s=settings.origin_s,
-            events=settings.events,
-            guardrails=settings.guardrails,
-        ),
-    )
+    controller = Controller(policy, settings.controller_settings(POOL))
     loop = ControlLoop(controller, bus, "controller", lease_s=60.0, clock=clock)
     arrival_seed, jitter_seed = np.random.SeedSequence(settings.seed).spawn(2)
     stream = ArrivalStream(
