@@ -43,7 +43,15 @@ def parse_device(text: str) -> torch.device:
 
 
 class ModelRunner(Protocol):
-    def run(self, inputs: Sequence[Any], padded_size: int) -> list[Any]: ...
+    """A model the batcher can run: `TorchRunner` live, cheap runners in tests.
+
+    Called from one thread per model instance (`Execution` decides which); blocking."""
+
+    def run(self, inputs: Sequence[Any], padded_size: int) -> list[Any]:
+        """One output per input, in order, for a batch padded to `padded_size` (a warmed
+        bucket, or len(inputs) when none holds it). Raises `OutOfMemory` when the batch
+        does not fit (the batcher splits it); any other exception fails the batch."""
+        ...
 
     def warm(self, size: int) -> float:
         """Prepare batches of `size`; returns the seconds it took."""
