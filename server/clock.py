@@ -1,23 +1,9 @@
-"""The live shell's clocks: monotonic time that starts at zero, like the simulator's."""
+"""The live shell's clock: the event loop's time, starting at zero like the simulator's."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-
-
-class WallClock:
-    """Seconds since creation on `time.monotonic()`: immune to wall-clock steps (NTP, DST).
-
-    Starting at zero, like the simulator's clock, keeps the controller's step boundaries
-    and forecast times anchored at its start; `origin_s` is the Unix time of that zero."""
-
-    def __init__(self) -> None:
-        self._zero = time.monotonic()
-        self.origin_s = time.time()
-
-    def now(self) -> float:
-        return time.monotonic() - self._zero
 
 
 class LoopClock:
