@@ -102,21 +102,26 @@ def _optimizer(spec: PolicySpec, context: PolicyContext) -> ConfigOptimizer:
     if context.table is None:
         raise InvalidInput(f"policy {spec.text!r} needs a latency model to plan with")
     slo_s = option_duration(spec, "slo", context.slo_s)
-    return built(
-        spec,
-        lambda: ConfigOptimizer(context.table(slo_s), slo_s, option_float(spec, "margin", 0.8)),
-    )
+    margin = option_float(spec, "margin", 0.8)
+    if not 0 < margin <= 1:  # ConfigOptimizer says so too, but only after the table
+        raise InvalidInput(f"policy {spec.text!r}: margin must be in (0, 1], got {margin}")
+    return built(spec, lambda: ConfigOptimizer(context.table(slo_s), slo_s, margin))
 
 
 def _planning(spec: PolicySpec, context: PolicyContext, forecaster, name: str) -> Policy:
+    # Every option is read before the optimiser's table compiles (seconds of CPU): a bad
+    # option fails at once.
     lead = spec.options.get("lead", "auto")
+    lead_s = None if lead == "auto" else option_duration(spec, "lead", 0.0)
+    step_s = option_duration(spec, "step", 10.0)
+    history_s = option_duration(spec, "history", 6 * 3600.0)
     return PredictivePolicy(
         uses_events=name != "oracle",
         optimizer=_optimizer(spec, context),
         forecaster=forecaster,
-        forecast_step_s=option_duration(spec, "step", 10.0),
-        history_s=option_duration(spec, "history", 6 * 3600.0),
-        lead_s=None if lead == "auto" else option_duration(spec, "lead", 0.0),
+        forecast_step_s=step_s,
+        history_s=history_s,
+        lead_s=lead_s,
         name=name,
         spec_text=spec.text,
     )

@@ -69,7 +69,7 @@ def three_free_ports() -> int:
 def test_the_demo_runs_end_to_end():
     port = three_free_ports()
     done = subprocess.run(
-        [sys.executable, "-m", "server.cli", "demo", "--duration", "8s", "--port", str(port)],
+        [sys.executable, "-m", "server.cli", "demo", "--duration", "4s", "--port", str(port)],
         capture_output=True,
         text=True,
         timeout=240,
