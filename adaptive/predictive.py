@@ -13,6 +13,7 @@ needed cap falls with it and the controller's guards let it shrink after a dwell
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field, replace
 
@@ -75,7 +76,13 @@ class PredictivePolicy:
         # leaving a config the table cannot predict (an operator's pin that ended, say):
         # it is predicted as unknown, never as the table's nearest edge.
         current_p99_s = self.optimizer.predicted_p99_s(snapshot.config, now_rps)
-        reason = self._reason(snapshot, choice, now_rps, config, ahead, forecast)
+        reason = self._reason(
+            snapshot, choice, now_rps, config, ahead, float(forecast.upper_rps[0])
+        )
+        # Only an unpredictable config needs saying why (and the check is not free).
+        unknown = self.optimizer.outside(snapshot.config) if math.isinf(current_p99_s) else None
+        if unknown is not None:
+            reason = f"{unknown}, so its latency cannot be predicted: moving off it; {reason}"
         return Decision(
             config,
             reason,
@@ -155,21 +162,6 @@ class PredictivePolicy:
         return self._needs[1]
 
     def _reason(
-        self,
-        snapshot: Snapshot,
-        choice: Choice,
-        now_rps: float,
-        config: BatchConfig,
-        ahead: tuple[float, float, int] | None,
-        forecast: Forecast,
-    ) -> str:
-        unknown = self.optimizer.outside(snapshot.config)
-        text = self._plan(snapshot, choice, now_rps, config, ahead, float(forecast.upper_rps[0]))
-        if unknown is None:
-            return text
-        return f"{unknown}, so its latency cannot be predicted: moving off it; {text}"
-
-    def _plan(
         self,
         snapshot: Snapshot,
         choice: Choice,

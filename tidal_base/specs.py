@@ -48,27 +48,23 @@ def parse_spec(text: str, *, kind: str = "policy") -> Spec:
 
 def option_int(spec: Spec, key: str, default: int) -> int:
     """The option as an integer, or `default` when it is absent."""
-    text = spec.options.get(key)
-    if text is None:
-        return default
-    try:
-        return int(text)
-    except ValueError:
-        raise InvalidInput(
-            f"{spec.kind} {spec.text!r}: {key} must be an integer, got {text!r}"
-        ) from None
+    return _option(spec, key, default, int, "an integer")
 
 
 def option_float(spec: Spec, key: str, default: float) -> float:
     """The option as a float, or `default` when it is absent."""
+    return _option(spec, key, default, float, "a number")
+
+
+def _option(spec: Spec, key: str, default, convert, what: str):
     text = spec.options.get(key)
     if text is None:
         return default
     try:
-        return float(text)
+        return convert(text)
     except ValueError:
         raise InvalidInput(
-            f"{spec.kind} {spec.text!r}: {key} must be a number, got {text!r}"
+            f"{spec.kind} {spec.text!r}: {key} must be {what}, got {text!r}"
         ) from None
 
 
