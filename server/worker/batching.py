@@ -37,7 +37,7 @@ from adaptive.config import BatchConfig
 from adaptive.grouped import GroupedBatcher
 from adaptive.warmup import WarmupStatus, WarmupTracker, bucket_for
 from server.clock import LoopClock
-from server.worker.background import BackgroundErrors, spawn
+from server.tasks import BackgroundErrors, spawn
 from server.worker.runner import Execution, ModelRunner, OutOfMemory, ThreadedExecution
 from tidal_base.errors import TidalError
 

@@ -1,0 +1,46 @@
+"""Tidal's own worker as an `Engine`: its `DynamicBatcher`, steered in process.
+
+A config applies at once (the batcher reconfigures between batches); raising the cap
+warms the missing buckets, measured, while the old cap serves, so the change cost is a
+warm-up per bucket: the mean of the warm-ups this worker has measured (0 until one ran).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from adaptive.bus import VersionedConfig, WorkerStats
+from adaptive.change_cost import ChangeCost
+from server.worker.batching import DynamicBatcher
+from server.worker.reporter import StatsCollector, apply_if_newer
+
+
+class TidalWorkerEngine:
+    kind = "tidal-worker"
+
+    def __init__(self, batcher: DynamicBatcher, worker: str, window_s: float) -> None:
+        self.batcher = batcher
+        self.collector = StatsCollector(batcher, worker, window_s)
+
+    @property
+    def version(self) -> int:
+        return self.batcher.version
+
+    @property
+    def change_cost(self) -> ChangeCost:
+        measured = self.batcher.stats.warmup_s
+        mean_s = sum(measured.values()) / len(measured) if measured else 0.0
+        return ChangeCost(warmup_per_bucket_s=mean_s)
+
+    async def apply(self, published: VersionedConfig) -> None:
+        apply_if_newer(self.batcher, published)
+
+    async def collect(self) -> WorkerStats:
+        return self.collector.collect()
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "warmed_buckets": list(self.batcher.warmed_buckets),
+            "queue_depth": self.batcher.queue_depth,
+            "serving_max_batch": self.batcher.serving_cap,
+        }
