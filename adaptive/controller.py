@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from adaptive.bus import PoolStats
+from adaptive.change_cost import ChangeCost
 from adaptive.config import BatchConfig
 from adaptive.decisions import DecisionRecord, ForecastUsed, Mode, ShadowDecision
 from adaptive.forecast_feed import ForecastFeed
@@ -49,6 +50,7 @@ class ControllerSettings:
     tick_s: float = 1.0
     workers: int = 1
     warmup_s: float = 0.0
+    reload_s: float = 0.0  # an engine that reloads the model for any change (Triton)
     fallback_after_s: float = 60.0
     recover_after_s: float = 300.0
     origin_s: float = 0.0
@@ -61,6 +63,11 @@ class ControllerSettings:
             raise InvalidInput(f"tick must be > 0, got {self.tick_s}")
         if self.fallback_after_s < 0 or self.recover_after_s < 0:
             raise InvalidInput("fallback_after and recover_after must be >= 0")
+        ChangeCost(self.warmup_s, self.reload_s)  # validates both
+
+    @property
+    def change_cost(self) -> ChangeCost:
+        return ChangeCost(self.warmup_s, self.reload_s)
 
 
 class Controller:
@@ -92,6 +99,7 @@ class Controller:
         self._forecast_here: Forecast | None = None
         self.override: Override | None = None
         self._released = False
+        self._changed_at = -float("inf")  # when the config last changed (for spacing)
 
     def adopt(self, config: BatchConfig) -> None:
         """Take over a pool whose workers run `config` (a new leader, a policy switch)."""
@@ -118,7 +126,7 @@ class Controller:
         return ForecastFeed(
             policy.forecaster,
             step_s=policy.forecast_step_s,
-            horizon_s=policy.horizon_s(settings.warmup_s, settings.tick_s),
+            horizon_s=policy.horizon_s(settings.warmup_s, settings.tick_s, settings.reload_s),
             origin_s=settings.origin_s,
             events=settings.events if policy.uses_events else None,
             history_s=policy.history_s,
@@ -138,6 +146,7 @@ class Controller:
             warmup_s=self.settings.warmup_s,
             tick_s=self.settings.tick_s,
             forecast=forecast,
+            reload_s=self.settings.reload_s,
         )
         return self._decide(snapshot)
 
@@ -200,6 +209,7 @@ class Controller:
         protective = decision.protective or self._released
         self._released = False
         chosen, guard_note = self.guard.apply(now, self.config, decision.config, protective)
+        chosen, guard_note = self._space(now, chosen, guard_note)
         if self.override is not None:
             chosen = self.override.config
             guard_note = f"pinned by the operator for {self.override.until_s - now:.0f} s more"
@@ -209,6 +219,7 @@ class Controller:
         if chosen != previous:
             self.config_changes += 1
             self.config = chosen
+            self._changed_at = now
         if self.mode is Mode.FALLBACK:
             self.fallback_s += self.settings.tick_s
         reason = decision.reason
@@ -233,6 +244,21 @@ class Controller:
         )
         self.last = record
         return record
+
+    def _space(
+        self, now: float, chosen: BatchConfig, note: str | None
+    ) -> tuple[BatchConfig, str | None]:
+        """On an engine that reloads for every change, hold a change until the last one
+        has had `ChangeCost.spacing_s` to finish and be seen serving: back-to-back
+        reloads would queue on the engine and put configs in force that are already
+        stale. Free changes (a warm-up is paid per bucket, not per change) pass, and so
+        does an operator's pin, or the return from one."""
+        spacing_s = self.settings.change_cost.spacing_s
+        since_s = now - self._changed_at
+        if chosen == self.config or since_s >= spacing_s or self.override is not None:
+            return chosen, note
+        held = f"change held: the last one is reloading ({since_s:.0f} of {spacing_s:g} s)"
+        return self.config, held if note is None else f"{note}; {held}"
 
     def _noteworthy(self, changed: bool, shadow: ShadowDecision | None) -> bool:
         """Kept records: config changes, mode changes, and shadow disagreements."""

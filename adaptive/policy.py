@@ -75,6 +75,7 @@ class Snapshot:
     warmup_s: float = 0.0
     tick_s: float = 1.0
     forecast: Forecast | None = None
+    reload_s: float = 0.0  # an engine that reloads for any change (Triton): its cost
 
     @property
     def warm_cap(self) -> int:
@@ -136,8 +137,9 @@ class ForecastingPolicy(Policy, Protocol):
     uses_events: bool  # False for a forecaster that already knows them (the oracle)
     history_s: float  # how much history the forecaster is refitted on
 
-    def horizon_s(self, warmup_s: float, tick_s: float) -> float:
-        """How far ahead the forecast must reach, given warm-up time and the tick."""
+    def horizon_s(self, warmup_s: float, tick_s: float, reload_s: float = 0.0) -> float:
+        """How far ahead the forecast must reach, given what a change costs (warm-up
+        per bucket, reload per change) and the tick."""
         ...
 
 

@@ -53,15 +53,17 @@ class PredictivePolicy:
     def initial_config(self) -> BatchConfig:
         return BatchConfig(32, 0.01)
 
-    def horizon_s(self, warmup_s: float, tick_s: float) -> float:
+    def horizon_s(self, warmup_s: float, tick_s: float, reload_s: float = 0.0) -> float:
         if self.lead_s is not None:
             return self.lead_s
         return warm_time_s(1, self.optimizer.largest_cap, warmup_s) + self._slack_s(
-            warmup_s, tick_s
+            warmup_s, tick_s, reload_s
         )
 
-    def _slack_s(self, warmup_s: float, tick_s: float) -> float:
-        return self.forecast_step_s + warmup_s + 2 * tick_s
+    def _slack_s(self, warmup_s: float, tick_s: float, reload_s: float = 0.0) -> float:
+        # A reloading engine puts a change in force `reload_s` after it is asked for, and
+        # the controller spaces its changes (ChangeCost.spacing_s): lead by both.
+        return self.forecast_step_s + warmup_s + 2 * tick_s + 3 * reload_s
 
     def decide(self, snapshot: Snapshot) -> Decision:
         forecast = snapshot.forecast
@@ -196,8 +198,8 @@ class PredictivePolicy:
     ) -> tuple[float, float, int] | None:
         """The largest (time ahead, rate, cap) that must start warming now; forecast
         times are in the controller's clock."""
-        lead_s = self.horizon_s(snapshot.warmup_s, snapshot.tick_s)
-        slack_s = self._slack_s(snapshot.warmup_s, snapshot.tick_s)
+        lead_s = self.horizon_s(snapshot.warmup_s, snapshot.tick_s, snapshot.reload_s)
+        slack_s = self._slack_s(snapshot.warmup_s, snapshot.tick_s, snapshot.reload_s)
         best: tuple[float, float, int] | None = None
         caps = self._caps_needed(snapshot.forecast)
         for i in range(1, times_s.size):

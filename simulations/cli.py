@@ -140,6 +140,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="warm-up time per batch-size bucket; batches run padded to power-of-two "
         "buckets and raising the cap waits for warm-up (default 0: no warm-up modelled)",
     )
+    fleet.add_argument(
+        "--reload",
+        type=duration_arg,
+        default=0.0,
+        help="model reload per config change, as Triton does: a change serves only after "
+        "it, the old config serving meanwhile (default 0: changes are free)",
+    )
     control = parser.add_argument_group("control")
     control.add_argument(
         "--events",
@@ -202,7 +209,12 @@ def _run(args: argparse.Namespace) -> int:
         print(f"simulate: warning: {note}", file=sys.stderr)
     origin_s = epoch_seconds(trace.origin)
     pool = PoolSettings(
-        args.workers, args.slo, Routing(args.routing), args.max_queue, warmup_s=args.warmup
+        args.workers,
+        args.slo,
+        Routing(args.routing),
+        args.max_queue,
+        warmup_s=args.warmup,
+        reload_s=args.reload,
     )
     settings = SimulationSettings(
         pool=pool,

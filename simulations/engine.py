@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from adaptive.change_cost import ReloadTracker
 from adaptive.config import BatchConfig
 from adaptive.histogram import (
     BUCKET_LOWER_S,
@@ -56,6 +57,7 @@ class PoolSettings:
     max_queue: int | None = None
     record_requests: bool = False
     warmup_s: float = 0.0
+    reload_s: float = 0.0  # an engine that reloads the model for any change (Triton)
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -66,6 +68,8 @@ class PoolSettings:
             raise InvalidInput(f"slo must be > 0, got {self.slo_s}")
         if not 0 <= self.warmup_s < float("inf"):
             raise InvalidInput(f"warmup must be a finite duration >= 0, got {self.warmup_s}")
+        if not 0 <= self.reload_s < float("inf"):
+            raise InvalidInput(f"reload must be a finite duration >= 0, got {self.reload_s}")
 
     @property
     def num_queues(self) -> int:
@@ -158,6 +162,7 @@ class SimulatedPool:
         self._warmup: WarmupTracker | None = None  # made on the first tick, warm for its cap
         self._requested_cap = 0
         self._padded = settings.warmup_s > 0
+        self._reload: ReloadTracker | None = None  # made on the first tick, for its config
         self.served_max_batch = 0  # the cap the workers ran in the last tick
 
     @property
@@ -178,7 +183,7 @@ class SimulatedPool:
     def serving(self, config: BatchConfig, now: float) -> BatchConfig:
         """The config the workers run at `now` when asked for `config`: clamped to memory,
         and, with warm-up on, to the buckets warmed so far."""
-        config = self.applicable(config)
+        config = self._reloaded(self.applicable(config), now)
         if not self._padded:
             return config
         cap, warm = config.max_batch_size, config.warm_target
@@ -189,6 +194,21 @@ class SimulatedPool:
             self._requested_cap = warm
         served = self._warmup.effective_cap(cap, now)
         return config if served == cap else BatchConfig(served, config.timeout_s)
+
+    def _reloaded(self, config: BatchConfig, now: float) -> BatchConfig:
+        """With reloads modelled, the config asked for serves only once its reload is
+        done; the one before serves meanwhile."""
+        if not self.settings.reload_s:
+            return config
+        if self._reload is None:
+            self._reload = ReloadTracker(self.settings.reload_s, config)
+        self._reload.request(config, now)
+        return self._reload.in_force(now)
+
+    @property
+    def reloads(self) -> int:
+        """Model reloads the pool's engine has started (0 when reloads are not modelled)."""
+        return 0 if self._reload is None else self._reload.reloads
 
     def warmup_status(self, now: float) -> WarmupStatus | None:
         """Warmed and warming buckets; None when warm-up is not modelled."""

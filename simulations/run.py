@@ -67,6 +67,7 @@ class SimulationSettings:
             tick_s=self.tick_s,
             workers=self.pool.workers,
             warmup_s=self.pool.warmup_s,
+            reload_s=self.pool.reload_s,
             origin_s=self.origin_s,
             events=self.events,
             guardrails=self.guardrails,

@@ -68,7 +68,7 @@ class PlanningStatic:
     history_s: float = 3600.0
     spec: str = "planning-static"
 
-    def horizon_s(self, warmup_s: float, tick_s: float) -> float:
+    def horizon_s(self, warmup_s: float, tick_s: float, reload_s: float = 0.0) -> float:
         return 10.0
 
     def initial_config(self) -> BatchConfig:

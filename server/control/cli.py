@@ -71,6 +71,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--warmup", type=duration_arg, default=0.0, help="warm-up time per batch-size bucket"
     )
     pool.add_argument(
+        "--reload",
+        type=duration_arg,
+        default=0.0,
+        help="model reload per config change (Triton: about 3s; default 0: changes are free)",
+    )
+    pool.add_argument(
         "--latency-model",
         default=DEFAULT_LATENCY_MODEL,
         help=f"linear:BASE_MS,PER_ITEM_MS or a profile JSON (default {DEFAULT_LATENCY_MODEL})",
@@ -118,6 +124,7 @@ def plan_from(args: argparse.Namespace) -> PoolPlan:
         tick_s=args.tick,
         workers=args.workers,
         warmup_s=args.warmup,
+        reload_s=args.reload,
         routing=Routing(args.routing),
         events=load_events(args.events) if args.events else (),
         guardrails=parse_guardrails(args.guard),

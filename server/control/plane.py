@@ -59,6 +59,7 @@ class PoolPlan:
     tick_s: float = 1.0
     workers: int = 1
     warmup_s: float = 0.0
+    reload_s: float = 0.0
     routing: Routing = Routing.ROUND_ROBIN
     events: tuple[Event, ...] = ()
     guardrails: Guardrails = field(default_factory=Guardrails)
@@ -67,7 +68,9 @@ class PoolPlan:
 
     @property
     def pool_settings(self) -> PoolSettings:
-        return PoolSettings(self.workers, self.slo_s, self.routing, warmup_s=self.warmup_s)
+        return PoolSettings(
+            self.workers, self.slo_s, self.routing, warmup_s=self.warmup_s, reload_s=self.reload_s
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,6 +243,7 @@ class PoolControl:
             tick_s=plan.tick_s,
             workers=plan.workers,
             warmup_s=plan.warmup_s,
+            reload_s=plan.reload_s,
             origin_s=self.origin_s,
             events=self.events,
             guardrails=plan.guardrails,
