@@ -296,6 +296,8 @@ async def _summary(control: PoolControl) -> dict[str, Any]:
         "this_controller": {"name": control.holder, "leading": state.leader},
         "ready": state.ready,
         "workers_alive": state.workers_alive,
+        "engines": dict(sorted(state.engines.items())),
+        "refusing": state.refusing,
         "ticks": state.ticks,
         "last_tick_ms": round(state.last_tick_s * 1e3, 3),
         "last_error": state.last_error,

@@ -25,6 +25,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from redis.exceptions import RedisError
 
@@ -57,6 +58,10 @@ class LoopState:
     errors: collections.Counter[str] = field(default_factory=collections.Counter)
     malformed_stats: int = 0
     refits: int = 0
+    # Members whose engine refused a config newer than the one it runs (it keeps
+    # serving the old one), by name: {"version", "config", "reason"}.
+    refusing: dict[str, dict[str, Any]] = field(default_factory=dict)
+    engines: collections.Counter[str] = field(default_factory=collections.Counter)
 
 
 class TickFailed(Exception):
@@ -171,10 +176,36 @@ class ControlLoop:
                 *(int(info.get("config_version", 0)) for info in alive.values()),
             ]
         )
+        self._note_members(alive)
         self.latest.update((r.worker, r) for r in reports)
         for gone in set(self.latest) - set(alive):
             del self.latest[gone]
         return reports
+
+    def _note_members(self, alive: dict[str, dict[str, Any]]) -> None:
+        """Which engines serve the pool, and which members refuse a config (logged once
+        per member and version: the member keeps its old config, so nothing else shows
+        it)."""
+        self.state.engines = collections.Counter(
+            str(info.get("engine", "tidal-worker")) for info in alive.values()
+        )
+        refusing = {
+            name: info["rejected"]
+            for name, info in alive.items()
+            if isinstance(info.get("rejected"), dict)
+            and int(info["rejected"].get("version", 0)) > int(info.get("config_version", 0))
+        }
+        for name, refusal in refusing.items():
+            if self.state.refusing.get(name) != refusal:
+                log.warning(
+                    "%s: %s refused config v%s (%s): %s",
+                    self.pool,
+                    name,
+                    refusal.get("version"),
+                    refusal.get("config"),
+                    refusal.get("reason"),
+                )
+        self.state.refusing = refusing
 
     async def _refit_forecast(self) -> None:
         """Run the feed's pending refit on a thread; install it once it is done."""

@@ -64,6 +64,10 @@ class _PoolCollector:
                 ("leader", "1 while this controller leads the pool."),
                 ("ready", "1 while the bus is reachable and ticks run."),
                 ("workers_alive", "Workers heartbeating in the pool."),
+                (
+                    "members_refusing_config",
+                    "Members whose engine refused a newer config and serve an older one.",
+                ),
                 ("forecast_error_requests_per_second", "Actual minus forecast mean, last step."),
             )
         }
@@ -82,6 +86,11 @@ class _PoolCollector:
             "tidal_controller_malformed_stats",
             "Worker stats entries skipped because they did not parse.",
             labels=["pool"],
+        )
+        members = GaugeMetricFamily(
+            "tidal_controller_members",
+            "Pool members heartbeating, by engine (tidal-worker, ray-serve, triton).",
+            labels=["pool", "engine"],
         )
         scored = CounterMetricFamily(
             "tidal_controller_forecast_steps",
@@ -103,10 +112,13 @@ class _PoolCollector:
                 "leader": float(state.leader),
                 "ready": float(state.ready),
                 "workers_alive": state.workers_alive,
+                "members_refusing_config": len(state.refusing),
             }
             for stage, count in state.errors.items():
                 errors.add_metric([pool, stage], count)
             malformed.add_metric([pool], state.malformed_stats)
+            for engine, count in sorted(state.engines.items()):
+                members.add_metric([pool, engine], count)
             feed = controller.feed
             if feed is not None and feed.last_error_rps is not None:
                 values["forecast_error_requests_per_second"] = feed.last_error_rps
@@ -128,3 +140,4 @@ class _PoolCollector:
         yield scored
         yield errors
         yield malformed
+        yield members

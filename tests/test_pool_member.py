@@ -1,0 +1,81 @@
+"""Any engine on the pool's bus: a config the engine refuses is reported, not retried,
+and the old config keeps serving; the controller sees which members refuse and which
+engines serve the pool.
+
+In virtual time on the in-process bus, with an engine that serves nothing and refuses
+caps above its limit (the rule a Ray Serve deployment's `max_ongoing_requests` sets);
+the real engines' tests (test_ray_serve.py, test_triton.py) prove it on them.
+"""
+
+import asyncio
+
+from test_control_loop_shell import control_loop
+from virtual_time import run_virtual
+
+from adaptive.bus import VersionedConfig, WorkerStats
+from adaptive.change_cost import ChangeCost
+from adaptive.config import BatchConfig
+from server.bus.local import LocalPoolBus
+from server.clock import LoopClock
+from server.engines.member import PoolMember
+from server.engines.protocols import ConfigRejected
+from server.tasks import BackgroundErrors
+
+
+class CappedEngine:
+    """Takes any config whose cap is at most `limit`; serves nothing."""
+
+    kind = "capped"
+    change_cost = ChangeCost(reload_s=1.0)
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.version = 0
+        self.config: BatchConfig | None = None
+
+    async def apply(self, published: VersionedConfig) -> None:
+        if published.config.max_batch_size > self.limit:
+            raise ConfigRejected(f"cap {published.config.max_batch_size} > {self.limit}")
+        await asyncio.sleep(1.0)  # a reload: the old config serves meanwhile
+        self.version, self.config = published.version, published.config
+
+    async def collect(self) -> WorkerStats:
+        return WorkerStats("m", 1.0, 0, 0, 0, (), 0.0, (), 0.0, 0, 1, None, self.version)
+
+    def status(self) -> dict:
+        return {"queue_depth": 0, "serving_max_batch": 1, "warmed_buckets": None}
+
+
+def test_a_refused_config_is_reported_once_and_the_next_one_applies():
+    async def scenario():
+        bus, engine, errors = LocalPoolBus(), CappedEngine(16), BackgroundErrors()
+        member = PoolMember(engine, bus, "pool", "m", LoopClock(), errors)
+        member.start()
+        seen = {}
+        await bus.publish_config("pool", VersionedConfig(1, BatchConfig(8, 0.01)))
+        await asyncio.sleep(1.5)
+        seen["first"] = (engine.version, member.rejected)
+        await bus.publish_config("pool", VersionedConfig(2, BatchConfig(64, 0.01)))
+        await asyncio.sleep(1.5)
+        seen["refused"] = (engine.version, engine.config, member.rejected)
+        seen["heartbeat"] = (await bus.workers_alive("pool"))["m"]
+        loop = control_loop(bus)
+        loop._note_members(await bus.workers_alive("pool"))
+        seen["controller"] = (dict(loop.state.refusing), dict(loop.state.engines))
+        await bus.publish_config("pool", VersionedConfig(3, BatchConfig(16, 0.01)))
+        await asyncio.sleep(2.5)
+        loop._note_members(await bus.workers_alive("pool"))
+        seen["after"] = (engine.version, member.configs_applied, dict(loop.state.refusing))
+        await member.stop()
+        return seen, errors.counts
+
+    seen, errors = run_virtual(scenario())
+    assert seen["first"] == (1, None)
+    refusal = {"version": 2, "config": "max_batch=64,timeout=10ms", "reason": "cap 64 > 16"}
+    assert seen["refused"] == (1, BatchConfig(8, 0.01), refusal)
+    heartbeat = seen["heartbeat"]
+    assert heartbeat["engine"] == "capped" and heartbeat["rejected"] == refusal
+    assert heartbeat["change_cost"] == {"warmup_per_bucket_s": 0.0, "reload_s": 1.0}
+    assert seen["controller"] == ({"m": refusal}, {"capped": 1})
+    assert seen["after"] == (3, 2, {})  # a newer config applies; nobody refuses now
+    assert errors == {}
