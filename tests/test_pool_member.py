@@ -61,7 +61,11 @@ def test_a_refused_config_is_reported_once_and_the_next_one_applies():
         seen["heartbeat"] = (await bus.workers_alive("pool"))["m"]
         loop = control_loop(bus)
         loop._note_members(await bus.workers_alive("pool"))
-        seen["controller"] = (dict(loop.state.refusing), dict(loop.state.engines))
+        seen["controller"] = (
+            dict(loop.state.refusing),
+            dict(loop.state.engines),
+            loop.state.unplanned_reloads,  # the engine reloads for 1 s; the plan says 0
+        )
         await bus.publish_config("pool", VersionedConfig(3, BatchConfig(16, 0.01)))
         await asyncio.sleep(2.5)
         loop._note_members(await bus.workers_alive("pool"))
@@ -76,6 +80,6 @@ def test_a_refused_config_is_reported_once_and_the_next_one_applies():
     heartbeat = seen["heartbeat"]
     assert heartbeat["engine"] == "capped" and heartbeat["rejected"] == refusal
     assert heartbeat["change_cost"] == {"warmup_per_bucket_s": 0.0, "reload_s": 1.0}
-    assert seen["controller"] == ({"m": refusal}, {"capped": 1})
+    assert seen["controller"] == ({"m": refusal}, {"capped": 1}, {"capped": 1.0})
     assert seen["after"] == (3, 2, {})  # a newer config applies; nobody refuses now
     assert errors == {}

@@ -298,6 +298,7 @@ async def _summary(control: PoolControl) -> dict[str, Any]:
         "workers_alive": state.workers_alive,
         "engines": dict(sorted(state.engines.items())),
         "refusing": state.refusing,
+        "unplanned_reloads": state.unplanned_reloads,
         "ticks": state.ticks,
         "last_tick_ms": round(state.last_tick_s * 1e3, 3),
         "last_error": state.last_error,

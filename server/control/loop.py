@@ -62,6 +62,8 @@ class LoopState:
     # serving the old one), by name: {"version", "config", "reason"}.
     refusing: dict[str, dict[str, Any]] = field(default_factory=dict)
     engines: collections.Counter[str] = field(default_factory=collections.Counter)
+    # Engines whose members reload for longer than the plan's --reload: kind -> seconds.
+    unplanned_reloads: dict[str, float] = field(default_factory=dict)
 
 
 class TickFailed(Exception):
@@ -206,6 +208,26 @@ class ControlLoop:
                     refusal.get("reason"),
                 )
         self.state.refusing = refusing
+        self._check_change_costs(alive)
+
+    def _check_change_costs(self, alive: dict[str, dict[str, Any]]) -> None:
+        """A member whose engine reloads for a change the plan thinks free (no `--reload`)
+        is planned too late and changed too often: say so, once per engine kind."""
+        planned_s = self.controller.settings.reload_s
+        for info in alive.values():
+            reload_s = float((info.get("change_cost") or {}).get("reload_s", 0.0))
+            kind = str(info.get("engine", "tidal-worker"))
+            if reload_s > planned_s and kind not in self.state.unplanned_reloads:
+                self.state.unplanned_reloads[kind] = reload_s
+                log.warning(
+                    "%s: %s members reload for %.1f s per config change, but the pool plans "
+                    "with --reload %gs: start the controller with --reload %.0fs",
+                    self.pool,
+                    kind,
+                    reload_s,
+                    planned_s,
+                    max(1.0, reload_s),
+                )
 
     async def _refit_forecast(self) -> None:
         """Run the feed's pending refit on a thread; install it once it is done."""
