@@ -46,8 +46,8 @@ from server.engines.ray_serve import (
     BatchCounters,
     MemberSettings,
     MonotonicClock,
+    QueuedCall,
     RayServeEngine,
-    _Call,
     check_cap,
 )
 from server.tasks import BackgroundErrors
@@ -151,7 +151,7 @@ def test_a_window_counts_what_the_handler_served():
         e = engine(Knobs())
         e.begin()
         counters: BatchCounters = e.counters
-        calls = [_Call(None, i, e.clock.now()) for i in range(5)]
+        calls = [QueuedCall(None, i, e.clock.now()) for i in range(5)]
         for _ in calls:
             counters.arrived()
         counters.started(calls[:3], e.clock.now())
@@ -430,6 +430,7 @@ def test_a_cap_a_replica_cannot_take_is_refused(fleet):
         assert "max_batch=32" in reason and "max_ongoing_requests=32" in reason, reason
         assert "max_concurrent_batches=2" in reason
         assert w["config_version"] == before[w["name"]] and w["serving_max_batch"] <= 16
+    assert set(fleet.pool()["refusing"]) == set(before)  # the pool's summary names them
     families = text_string_to_metric_families(httpx.get(f"{fleet.api}/metrics").text)
     refusing_gauge = next(
         f for f in families if f.name == "tidal_controller_members_refusing_config"

@@ -84,7 +84,6 @@ class MonotonicClock:
         return time.perf_counter() - self._zero
 
 
-
 @dataclass(frozen=True, slots=True)
 class MemberSettings:
     """The pool a replica joins; None: read from the replica's environment at join."""
@@ -136,7 +135,7 @@ class BatchTiming:
     config_version: int
 
 
-class _Call:
+class QueuedCall:
     """One call on its way through Ray's batch queue (the same object reaches the batch
     handler, so its stamps travel with it)."""
 
@@ -185,13 +184,13 @@ class BatchCounters:
         self.waiting -= 1
         self.cancelled += 1
 
-    def started(self, calls: list[_Call], now: float) -> None:
+    def started(self, calls: list[QueuedCall], now: float) -> None:
         self.waiting -= len(calls)
         for call in calls:
             call.started = True
         self._window.queue_waits_s.extend(now - c.called_at for c in calls)
 
-    def finished(self, calls: list[_Call], started_at: float, now: float, ok: bool) -> None:
+    def finished(self, calls: list[QueuedCall], started_at: float, now: float, ok: bool) -> None:
         self.batches += 1
         self.busy_s += now - started_at
         if not ok:
@@ -541,7 +540,7 @@ class Membership:
             self.join(instance)
         engine = self.engine
         assert engine is not None
-        call = _Call(instance, payload, self.clock.now())
+        call = QueuedCall(instance, payload, self.clock.now())
         engine.counters.arrived()
         try:
             result = await self.batched(call)
@@ -551,7 +550,9 @@ class Membership:
         assert call.timing is not None
         return result, call.timing
 
-    async def run_batch(self, func: Callable[..., Awaitable[list]], calls: list[_Call]) -> list:
+    async def run_batch(
+        self, func: Callable[..., Awaitable[list]], calls: list[QueuedCall]
+    ) -> list:
         """Ray's batch function: time the user's handler, count what it served."""
         engine = self.engine
         assert engine is not None
@@ -621,7 +622,7 @@ def tidal_batch(
             initial, max_concurrent_batches, max_ongoing_requests, warmup, settings, name
         )
 
-        async def run_batch(calls: list[_Call]) -> list:
+        async def run_batch(calls: list[QueuedCall]) -> list:
             return await membership.run_batch(func, calls)
 
         run_batch.__name__ = run_batch.__qualname__ = func.__name__  # Ray's metrics tag
