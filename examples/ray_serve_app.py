@@ -40,12 +40,31 @@ from server.engines.ray_serve import (
     tidal_batch,
     timed_call,
 )
-from server.worker.models import load_model
+from server.worker.models import ServedModel, load_model
 from tidal_base.errors import InvalidInput
 
 MAX_ONGOING_REQUESTS = 32
 MAX_CONCURRENT_BATCHES = 2  # a batch forms while the last one runs on its thread
 ROUTE = "/v1/infer"
+
+
+def forward(model: ServedModel, images: list[torch.Tensor]) -> list[list[float]]:
+    """One batch through the model: its time grows with the batch."""
+    with torch.inference_mode():
+        (batch,) = model.collate(images, len(images))
+        return model.module(batch).tolist()
+
+
+async def read_image(model: ServedModel, request: Request) -> torch.Tensor:
+    """12,288 bytes of float32, or JSON {"input": [[[...]]]}: a 3x32x32 image."""
+    body = await request.body()
+    if request.headers.get("content-type", "").startswith("application/octet-stream"):
+        return model.from_bytes(body)
+    try:
+        value: Any = json.loads(body)["input"]
+    except (ValueError, KeyError, TypeError):
+        raise InvalidInput('body must be JSON {"input": [...]}') from None
+    return model.validate(value)
 
 
 @serve.deployment(num_replicas=2, max_ongoing_requests=MAX_ONGOING_REQUESTS)
@@ -56,9 +75,7 @@ class DemoCnn:
         join_pool(self.predict)  # in the pool, and warming, before the first request
 
     def _forward(self, images: list[torch.Tensor]) -> list[list[float]]:
-        with torch.inference_mode():
-            (batch,) = self.model.collate(images, len(images))
-            return self.model.module(batch).tolist()
+        return forward(self.model, images)
 
     def warm(self, bucket: int) -> None:
         """One run at the bucket's size (Tidal runs it on a thread: the old cap serves)."""
@@ -76,7 +93,7 @@ class DemoCnn:
 
     async def __call__(self, request: Request) -> JSONResponse:
         try:
-            image = await self._image(request)
+            image = await read_image(self.model, request)
         except InvalidInput as error:
             return JSONResponse({"error": str(error), "field": "input"}, status_code=422)
         output, timing = await timed_call(self.predict, image)
@@ -92,16 +109,6 @@ class DemoCnn:
                 },
             }
         )
-
-    async def _image(self, request: Request) -> torch.Tensor:
-        body = await request.body()
-        if request.headers.get("content-type", "").startswith("application/octet-stream"):
-            return self.model.from_bytes(body)
-        try:
-            value: Any = json.loads(body)["input"]
-        except (ValueError, KeyError, TypeError):
-            raise InvalidInput('body must be JSON {"input": [...]}') from None
-        return self.model.validate(value)
 
     async def __del__(self) -> None:
         await leave_pool(self.predict)  # the last window reaches the pool

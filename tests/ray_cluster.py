@@ -125,12 +125,18 @@ class OpenLoopLoad(threading.Thread):
         async with httpx.AsyncClient(timeout=self.timeout_s, limits=limits) as client:
             tasks: set[asyncio.Task] = set()
             count = 0
+            loop = asyncio.get_running_loop()
+            due_at = loop.time()
             while not self._halt.is_set():
                 rate = self.rate_rps
                 if rate <= 0:
                     await asyncio.sleep(0.02)
+                    due_at = loop.time()
                     continue
-                await asyncio.sleep(float(self.rng.exponential(1.0 / rate)))
+                # Arrivals are due at fixed instants, so a busy loop that wakes late
+                # sends the late ones at once rather than lowering the rate.
+                due_at = max(due_at, loop.time() - 1.0) + float(self.rng.exponential(1.0 / rate))
+                await asyncio.sleep(max(0.0, due_at - loop.time()))
                 if self.in_flight >= self.max_in_flight:
                     self.not_sent += 1
                     continue
