@@ -56,10 +56,21 @@ COMMANDS = (
         "controller + 2 workers + load generator on a compressed promo day",
         "all",
     ),
+    Command(
+        "engine",
+        "server.engines.triton_cli",
+        "join an engine you run (Triton) to a pool, steered by the controller",
+        "triton",
+    ),
 )
 
 _CONTROL = ("fastapi", "uvicorn", "httpx", "prometheus_client", "redis")
-EXTRAS = {"control": _CONTROL, "worker": ("torch", *_CONTROL), "all": ("torch", *_CONTROL)}
+EXTRAS = {
+    "control": _CONTROL,
+    "worker": ("torch", *_CONTROL),
+    "all": ("torch", *_CONTROL),
+    "triton": ("tritonclient", "httpx", "redis"),
+}
 """What each install extra of pyproject.toml provides, as top-level import names."""
 
 
