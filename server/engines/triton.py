@@ -481,6 +481,7 @@ class TritonEngine:
             "model": self.model,
             "reloads": len(timed),
             "last_reload_s": round(timed[-1], 3) if timed else None,
+            "max_reload_s": round(max(timed), 3) if timed else None,
             "rejected_loads": self.counts.rejected,
             "restarts_detected": self.counts.restarts_detected,
             "approximate_windows": self.counts.approximate_windows,
