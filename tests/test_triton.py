@@ -198,6 +198,10 @@ def heartbeat(fleet: Fleet) -> dict | None:
     return json.loads(text) if text else None
 
 
+def forecast_actual(fleet: Fleet) -> list[dict]:
+    return httpx.get(f"{fleet.api}/v1/pools/{POOL}/forecast", timeout=2).json()["actual"]
+
+
 def serving(fleet: Fleet) -> Knobs:
     """What Triton itself says it serves, read back over gRPC."""
     client = triton_grpc.InferenceServerClient(fleet.triton.grpc_url)
@@ -234,8 +238,11 @@ def test_stats_flow_into_the_pool_api_and_the_controller_metrics(fleet):
         15,
         "the member serving the pool's cap (a reload may be under way)",
     )
-    actual = httpx.get(f"{fleet.api}/v1/pools/{POOL}/forecast").json()["actual"]
-    assert sum(point["rps"] for point in actual[-5:]) > 0  # arrivals reach the forecast
+    wait_for(  # arrivals reach the forecast's history, a step (2 s) at a time
+        lambda: sum(p["rps"] for p in forecast_actual(fleet)[-5:]) > RATE_RPS / 4,
+        15,
+        "arrivals in the forecast's history",
+    )
     families = {
         f.name: f for f in text_string_to_metric_families(httpx.get(f"{fleet.api}/metrics").text)
     }
