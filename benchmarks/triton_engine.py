@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -302,8 +303,9 @@ def main() -> None:
             for i, p in enumerate(policies)
         ]
     finally:
-        triton.close()
-        server.stop()
+        with contextlib.ExitStack() as cleanup:  # each runs even if the other fails
+            cleanup.callback(server.stop)
+            cleanup.callback(triton.close)
     print(table(rows))
     by_policy = {r["policy"]: r for r in rows}
     comparisons = {}

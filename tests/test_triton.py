@@ -25,6 +25,7 @@ text in process: counters across a reload, and a restart that resets them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -167,17 +168,24 @@ def fleet(tmp_path_factory):
         load.started.wait(10)
         yield Fleet(api, redis.url, triton, load, processes, tmp)
     finally:
-        load.stop()
-        for process in processes.values():
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        for process in processes.values():
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                process.kill()
-        triton.close()
-        redis.stop()
+        # Every step runs even if one before it fails: a tritonserver must never outlive
+        # the test (ExitStack runs them last-registered first, raising at the end).
+        with contextlib.ExitStack() as cleanup:
+            cleanup.callback(redis.stop)
+            cleanup.callback(triton.close)
+            cleanup.callback(stop_all, processes)
+            cleanup.callback(load.stop)
+
+
+def stop_all(processes: dict[str, subprocess.Popen]) -> None:
+    for process in processes.values():
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+    for process in processes.values():
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
 
 
 def pool(api: str) -> dict:
@@ -222,10 +230,12 @@ def test_stats_flow_into_the_pool_api_and_the_controller_metrics(fleet):
     def observed():
         decision = pool(fleet.api)["last_decision"] or {}
         inputs = decision.get("inputs") or {}
-        return inputs.get("p99_ms") and inputs.get("mean_batch_size") and inputs
+        # the first windows may hold the load's first second only: wait for a full one
+        full = inputs.get("rate_rps", 0) > RATE_RPS / 3
+        return full and inputs.get("p99_ms") and inputs.get("mean_batch_size") and inputs
 
-    inputs = wait_for(observed, 30, "a decision on Triton's stats")
-    assert RATE_RPS / 3 < inputs["rate_rps"] < RATE_RPS * 3, inputs
+    inputs = wait_for(observed, 30, "a decision on Triton's stats at the load's rate")
+    assert inputs["rate_rps"] < RATE_RPS * 3, inputs
     assert 0 < inputs["utilization"] < 1 and inputs["shed"] == 0
     assert 10 < inputs["p99_ms"] < 1000  # the model sleeps 10 ms + 1 ms per item
     summary = pool(fleet.api)
