@@ -108,7 +108,13 @@ class Controller:
     def pin(self, override: Override | None) -> None:
         """An operator's pinned config (None lifts it): applied at once and as it is,
         past the guardrails, until it expires; the policy keeps deciding, on the record."""
-        self._released = self.override is not None and override is None
+        # A lifted pin stays lifted until the next step has let the policy's config
+        # back past the dwell: lifting it again (the API's DELETE twice, the settings
+        # sync echoing the leader's own write) must not cancel that.
+        if override is None:
+            self._released = self._released or self.override is not None
+        else:
+            self._released = False
         self.override = override
         if override is not None and override.config != self.config:
             self.config_changes += 1

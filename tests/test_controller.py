@@ -195,6 +195,21 @@ def test_an_operator_pin_applies_at_once_and_the_policy_resumes_at_once_when_it_
     assert controller.config == BatchConfig(32, 0.010)
 
 
+def test_lifting_a_pin_twice_still_lets_the_policy_return_at_once():
+    """Found live: a second unpin (a retried DELETE, the settings sync echoing the
+    leader's own write) cancelled the release, so the dwell held the pinned config."""
+    policy = build_policy("static:max_batch=32,timeout=10ms", PolicyContext(0.1, 1))
+    settings = ControllerSettings(pool="p", guardrails=Guardrails(dwell_s=60.0))
+    controller = Controller(policy, settings)
+    stats = PoolStats(Observation(0.0, 1.0, 10, 10, 0, 0, 0.01, 0.02, 2.0, 0.5, 0.1))
+    controller.step(1.0, stats)
+    controller.pin(Override(BatchConfig(4, 0.001), until_s=100.0, reason="canary"))
+    controller.step(2.0, stats)
+    controller.pin(None)
+    controller.pin(None)
+    assert controller.step(3.0, stats).chosen == BatchConfig(32, 0.010)
+
+
 configs = st.builds(
     BatchConfig,
     st.integers(1, 512),

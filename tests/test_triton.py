@@ -261,11 +261,6 @@ def test_stats_flow_into_the_pool_api_and_the_controller_metrics(fleet):
     assert fleet.load.failures() == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="server/control/app.py _stats lists warmed_buckets, which is None for an engine "
-    "without warm-up (Triton): GET /v1/pools/{pool}/workers answers 500",
-)
 def test_the_workers_api_shows_the_triton_members_last_window(fleet):
     seen = next(w for w in workers(fleet.api) if w["name"] == MEMBER)
     assert seen["engine"] == "triton" and seen["last_stats"]["completed"] > 0

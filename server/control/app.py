@@ -368,6 +368,7 @@ def _stats(stats) -> dict[str, Any] | None:
         "busy_s": round(stats.busy_s, 6),
         "batch_sizes": dict(stats.batch_sizes),
         "max_batch_size": stats.max_batch_size,
-        "warmed_buckets": list(stats.warmed_buckets),
+        # None: an engine without warm-up (Triton) has no warmed sizes to report.
+        "warmed_buckets": None if stats.warmed_buckets is None else list(stats.warmed_buckets),
         "config_version": stats.config_version,
     }

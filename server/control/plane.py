@@ -170,7 +170,13 @@ class PoolControl:
 
     async def _sync_settings(self, elected: bool) -> None:
         """Follow the operators' settings on the bus (the leader writes them); a new
-        leader facing a bus that lost them (a Redis restarted empty) writes ours back."""
+        leader facing a bus that lost them (a Redis restarted empty) writes ours back.
+        Under the lock the operator's writes take: a read that raced an unpin would
+        otherwise restore the pin it had just lifted."""
+        async with self._lock:
+            await self._sync_settings_locked(elected)
+
+    async def _sync_settings_locked(self, elected: bool) -> None:
         stored = await self.bus.load_settings(self.pool)
         if elected and not stored:
             await self._save_all()
@@ -189,7 +195,7 @@ class PoolControl:
         self.controller.set_events(self.events)
         self.controller.pin(self._override())
         if policy != self.policy_spec:
-            await self.set_policy(policy, persist=False)
+            await self._switch_policy(policy, None, persist=False)
 
     def _all_settings(self) -> dict[str, Any]:
         settings: dict[str, Any] = {}
@@ -299,30 +305,36 @@ class PoolControl:
     ) -> None:
         """Switch policy; the config in force and its version carry over."""
         async with self._lock:
-            fresh = await self._controller(spec, policy)
-            fresh.adopt(self.controller.config)
-            self.loop.controller = fresh
-            self.policy_spec = spec  # as the operator wrote it
-            if persist:
-                await self.bus.save_setting(self.pool, "policy", self.policy_spec)
+            await self._switch_policy(spec, policy, persist)
+
+    async def _switch_policy(self, spec: str, policy: Policy | None, persist: bool) -> None:
+        fresh = await self._controller(spec, policy)
+        fresh.adopt(self.controller.config)
+        self.loop.controller = fresh
+        self.policy_spec = spec  # as the operator wrote it
+        if persist:
+            await self.bus.save_setting(self.pool, "policy", self.policy_spec)
 
     async def pin(self, config: BatchConfig, for_s: float, reason: str) -> PinnedConfig:
-        self.pinned = PinnedConfig(config, time.time() + for_s, reason)
-        self.controller.pin(self._override())
-        await self.loop.publish_if_changed()  # a pin applies at once, not at the next tick
-        await self.bus.save_setting(self.pool, "override", self.pinned.to_dict())
-        return self.pinned
+        async with self._lock:
+            self.pinned = PinnedConfig(config, time.time() + for_s, reason)
+            self.controller.pin(self._override())
+            await self.loop.publish_if_changed()  # a pin applies at once, not next tick
+            await self.bus.save_setting(self.pool, "override", self.pinned.to_dict())
+            return self.pinned
 
     async def unpin(self) -> bool:
-        held, self.pinned = self.pinned, None
-        self.controller.pin(None)
-        await self.bus.save_setting(self.pool, "override", None)
-        return held is not None
+        async with self._lock:
+            held, self.pinned = self.pinned, None
+            self.controller.pin(None)
+            await self.bus.save_setting(self.pool, "override", None)
+            return held is not None
 
     async def set_events(self, events: tuple[Event, ...]) -> None:
-        self.events = events
-        self.controller.set_events(events)
-        await self.bus.save_setting(self.pool, "events", self._events_document())
+        async with self._lock:
+            self.events = events
+            self.controller.set_events(events)
+            await self.bus.save_setting(self.pool, "events", self._events_document())
 
     def _events_document(self) -> list[dict[str, Any]]:
         return [event_to_dict(e) for e in self.events]

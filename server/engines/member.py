@@ -129,6 +129,7 @@ class PoolMember:
         except ConfigRejected as error:
             self._refused(published, str(error))
             return
+        self.rejected = None  # a newer config is in force: the old refusal is history
         self.configs_applied += 1
 
     def _refused(self, published: VersionedConfig, reason: str) -> None:
