@@ -59,16 +59,22 @@ def epoch_seconds(moment: datetime | None) -> float:
 def resample_counts(
     counts: np.ndarray, step_s: float, new_step_s: float, start_s: float = 0.0
 ) -> RateSeries:
-    """Aggregate per-interval counts to a coarser step (a whole multiple of the old one)."""
-    factor = new_step_s / step_s
-    if factor < 1 or abs(factor - round(factor)) > 1e-9:
+    """Per-interval counts at any other step. Each interval's count is spread evenly over
+    its interval (the cumulative count is linear within it), so a 5-minute export
+    replays at a 1 s step as 300 equal seconds, and a coarser step sums whole intervals
+    exactly. Only whole steps are kept: a partial last one would read as a drop."""
+    if not new_step_s > 0:
+        raise InvalidInput(f"step must be > 0, got {new_step_s}")
+    duration_s = counts.size * step_s
+    steps = math.floor(duration_s / new_step_s + 1e-9)
+    if steps < 1:
         raise InvalidInput(
-            f"step {new_step_s:g}s must be a whole multiple of the trace's {step_s:g}s intervals"
+            f"step {new_step_s:g}s is longer than the trace's {duration_s:g}s of intervals"
         )
-    factor = round(factor)
-    usable = (counts.size // factor) * factor
-    summed = counts[:usable].reshape(-1, factor).sum(axis=1)
-    return RateSeries(start_s, new_step_s, summed.astype(np.float64))
+    edges_s = np.arange(counts.size + 1) * step_s
+    cumulative = np.concatenate(([0.0], np.cumsum(counts, dtype=np.float64)))
+    at = np.interp(np.arange(steps + 1) * new_step_s, edges_s, cumulative)
+    return RateSeries(start_s, new_step_s, np.diff(at))
 
 
 def resample_arrivals(

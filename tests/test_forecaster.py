@@ -2,11 +2,13 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from forecaster.events import Event, EventAware
 from forecaster.models import SeasonalNaive
 from forecaster.registry import build_forecaster
-from forecaster.series import RateSeries, resample_arrivals
+from forecaster.series import RateSeries, resample_arrivals, resample_counts
 from forecaster.smoothing import Holt, HoltWinters, MstlHolt
 from server.cli import main as tidal
 from tidal_base.errors import InvalidInput
@@ -130,6 +132,35 @@ def test_auto_picks_and_says_which():
 def test_resample_arrivals_counts_per_step():
     series = resample_arrivals(np.array([0.1, 0.5, 1.2, 2.9]), 1.0, duration_s=3.0)
     assert series.counts.tolist() == [2, 1, 1]
+
+
+def test_counts_resample_to_any_step_spread_over_their_intervals():
+    counts = np.array([3.0, 6.0, 9.0, 12.0])  # four 300 s intervals
+    assert resample_counts(counts, 300, 600).counts.tolist() == [9, 21]  # whole intervals
+    assert resample_counts(counts, 300, 100).counts.tolist() == [1, 1, 1, 2, 2, 2, 3, 3, 3, 4, 4, 4]
+    # 450 s steps: an interval and a half each; the last partial step is dropped.
+    assert resample_counts(counts, 300, 450).counts.tolist() == [6, 12]
+    with pytest.raises(InvalidInput, match="longer than the trace's 1200s"):
+        resample_counts(counts, 300, 1800)
+
+
+@given(
+    counts=st.lists(st.integers(0, 10_000), min_size=1, max_size=50),
+    step_s=st.sampled_from([1.0, 60.0, 300.0]),
+    new_step_s=st.sampled_from([0.5, 1.0, 7.0, 60.0, 300.0]),
+)
+def test_resampling_keeps_every_request_of_the_whole_steps(counts, step_s, new_step_s):
+    series = np.array(counts, dtype=np.float64)
+    if new_step_s > series.size * step_s:
+        return
+    resampled = resample_counts(series, step_s, new_step_s)
+    covered_s = len(resampled) * new_step_s
+    whole, part = divmod(covered_s, step_s)
+    expected = (
+        series[: int(whole)].sum() + (part / step_s) * series[int(whole) : int(whole) + 1].sum()
+    )
+    assert resampled.counts.sum() == pytest.approx(expected, rel=1e-9, abs=1e-6)
+    assert (resampled.counts >= -1e-9).all()
 
 
 def test_backtest_command_json(tmp_path, capsys):
