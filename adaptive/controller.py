@@ -23,6 +23,7 @@ from adaptive.bus import PoolStats
 from adaptive.change_cost import ChangeCost
 from adaptive.config import BatchConfig
 from adaptive.decisions import DecisionRecord, ForecastUsed, Mode, ShadowDecision
+from adaptive.fleet import FleetLimits, FleetView
 from adaptive.forecast_feed import ForecastFeed
 from adaptive.guards import Guard, Guardrails
 from adaptive.policy import Decision, ForecastingPolicy, Policy, Snapshot
@@ -57,6 +58,7 @@ class ControllerSettings:
     events: tuple[Event, ...] = ()
     guardrails: Guardrails = field(default_factory=Guardrails)
     defer_fits: bool = False  # the live loop refits forecasts on a thread (ForecastFeed)
+    fleet: FleetLimits | None = None  # None: a fixed fleet of `workers`
 
     def __post_init__(self) -> None:
         if self.tick_s <= 0:
@@ -100,6 +102,10 @@ class Controller:
         self.override: Override | None = None
         self._released = False
         self._changed_at = -float("inf")  # when the config last changed (for spacing)
+        fleet = settings.fleet
+        # The replica count the pool should have; None for a fixed fleet.
+        self.replicas: int | None = None if fleet is None else fleet.clamp(settings.workers)
+        self.replica_changes = 0
 
     def adopt(self, config: BatchConfig) -> None:
         """Take over a pool whose workers run `config` (a new leader, a policy switch)."""
@@ -139,15 +145,18 @@ class Controller:
             defer_fits=settings.defer_fits,
         )
 
-    def step(self, now: float, stats: PoolStats) -> DecisionRecord:
-        """One control step at `now` (seconds on the shell's clock) on one tick's stats."""
+    def step(self, now: float, stats: PoolStats, fleet: FleetView | None = None) -> DecisionRecord:
+        """One control step at `now` (seconds on the shell's clock) on one tick's stats;
+        `fleet` is the pool's replicas as the shell sees them (a fleet that can change)."""
         forecast = self._observe(now, stats)
+        fleet = self._fleet_view(fleet)
         snapshot = Snapshot(
             now=now,
             observation=stats.observation,
             config=self.config,
             slo_s=self.settings.slo_s,
-            workers=self.settings.workers,
+            workers=self.settings.workers if fleet is None else max(1, fleet.ready),
+            fleet=fleet,
             warmed_buckets=stats.warmed_buckets,
             warmup_s=self.settings.warmup_s,
             tick_s=self.settings.tick_s,
@@ -155,6 +164,16 @@ class Controller:
             reload_s=self.settings.reload_s,
         )
         return self._decide(snapshot)
+
+    def _fleet_view(self, seen: FleetView | None) -> FleetView | None:
+        """What the policy sees of the fleet: the shell's view with the count asked for,
+        or, if the shell has none, every replica asked for taken as ready."""
+        limits = self.settings.fleet
+        if limits is None or self.replicas is None:
+            return None
+        if seen is None:
+            return FleetView(self.replicas, 0, self.replicas, limits.startup_s)
+        return FleetView(seen.ready, seen.starting, self.replicas, limits.startup_s)
 
     def _observe(self, now: float, stats: PoolStats) -> Forecast | None:
         if self.feed is None:
@@ -226,6 +245,11 @@ class Controller:
             self.config_changes += 1
             self.config = chosen
             self._changed_at = now
+        replicas_before = self.replicas
+        if replicas_before is not None and decision.replicas is not None:
+            self.replicas = self.settings.fleet.clamp(decision.replicas)
+            if self.replicas != replicas_before:
+                self.replica_changes += 1
         if self.mode is Mode.FALLBACK:
             self.fallback_s += self.settings.tick_s
         reason = decision.reason
@@ -246,7 +270,11 @@ class Controller:
             planned_rate_rps=decision.planned_rate_rps,
             alternatives=decision.alternatives,
             shadow=shadow,
-            noteworthy=self._noteworthy(chosen != previous, shadow),
+            noteworthy=self._noteworthy(
+                chosen != previous or self.replicas != replicas_before, shadow
+            ),
+            replicas_before=replicas_before,
+            replicas=self.replicas,
         )
         self.last = record
         return record

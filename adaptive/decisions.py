@@ -74,10 +74,16 @@ class DecisionRecord:
     shadow: ShadowDecision | None = None
     noteworthy: bool = True  # a config or mode change, or a new shadow disagreement
     version: int = 0  # the config version the shell published it under (0: not numbered)
+    replicas_before: int | None = None  # the desired replica count before this tick
+    replicas: int | None = None  # ... and after it (None: a fixed fleet)
 
     @property
     def changed(self) -> bool:
         return self.chosen != self.previous
+
+    @property
+    def replicas_changed(self) -> bool:
+        return self.replicas != self.replicas_before
 
     @property
     def kind(self) -> str:
@@ -86,6 +92,8 @@ class DecisionRecord:
             return "override"
         if self.mode is Mode.FALLBACK:
             return "fallback"
+        if self.replicas_changed and not self.changed:
+            return "scale_out" if self.replicas > self.replicas_before else "scale_in"
         if self.chosen != self.proposed:
             return "guarded"
         if not self.changed:
@@ -108,6 +116,8 @@ class DecisionRecord:
             "proposed": config_dict(self.proposed),
             "chosen": config_dict(self.chosen),
             "version": self.version,
+            "replicas": self.replicas,
+            "replicas_before": self.replicas_before,
             "kind": self.kind,
             "reason": self.reason,
             "guard": self.guard,

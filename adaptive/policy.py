@@ -14,6 +14,7 @@ from adaptive.config import BatchConfig
 from adaptive.optimizer import Alternative
 
 if TYPE_CHECKING:
+    from adaptive.fleet import FleetView
     from forecaster.forecast import Forecast
     from forecaster.models import Forecaster
 
@@ -76,6 +77,7 @@ class Snapshot:
     tick_s: float = 1.0
     forecast: Forecast | None = None
     reload_s: float = 0.0  # an engine that reloads for any change (Triton): its cost
+    fleet: FleetView | None = None  # None: a fixed fleet of `workers`
 
     @property
     def warm_cap(self) -> int:
@@ -97,7 +99,9 @@ class Decision:
 
     Policies that predict say what they expect (`predicted_p99_s`), for which load
     (`planned_rate_rps`), and what else they weighed (`alternatives`). A policy that
-    cuts its cap because latency already missed marks the move `protective`.
+    cuts its cap because latency already missed marks the move `protective`. A policy
+    that plans capacity says how many replicas the pool should have (`replicas`), and
+    its reason says why.
     """
 
     config: BatchConfig
@@ -106,6 +110,7 @@ class Decision:
     planned_rate_rps: float | None = None
     alternatives: tuple[Alternative, ...] = ()
     protective: bool = False  # a move made to protect latency: guards apply it at once
+    replicas: int | None = None  # the replica count to have; None: no opinion (or fixed)
 
 
 class Policy(Protocol):

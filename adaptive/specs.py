@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from adaptive.aimd import AimdPolicy
+from adaptive.autoscalers import HpaPolicy, ServeAutoscalerPolicy
 from adaptive.config import BatchConfig
 from adaptive.optimizer import ConfigOptimizer, PerformanceTable
 from adaptive.policy import Policy, StaticPolicy
@@ -95,6 +96,45 @@ def _reactive(spec: PolicySpec, context: PolicyContext) -> Policy:
     )
 
 
+def _batch_config(spec: PolicySpec) -> BatchConfig:
+    """The static batch config an autoscaler baseline runs (Serve's @serve.batch defaults:
+    10 requests, 10 ms)."""
+    return BatchConfig(option_int(spec, "max_batch", 10), option_duration(spec, "timeout", 0.01))
+
+
+def _serve_autoscaler(spec: PolicySpec, context: PolicyContext) -> Policy:
+    reject_unknown(
+        spec,
+        {"max_batch", "timeout", "target_ongoing", "look_back", "upscale_delay"}
+        | {"downscale_delay", "factor"},
+    )
+    return built(
+        spec,
+        lambda: ServeAutoscalerPolicy(
+            _batch_config(spec),
+            target_ongoing_requests=option_float(spec, "target_ongoing", 2.0),
+            look_back_s=option_duration(spec, "look_back", 30.0),
+            upscale_delay_s=option_duration(spec, "upscale_delay", 30.0),
+            downscale_delay_s=option_duration(spec, "downscale_delay", 600.0),
+            scaling_factor=option_float(spec, "factor", 1.0),
+        ),
+    )
+
+
+def _hpa(spec: PolicySpec, context: PolicyContext) -> Policy:
+    reject_unknown(spec, {"max_batch", "timeout", "target", "period", "tolerance", "window"})
+    return built(
+        spec,
+        lambda: HpaPolicy(
+            _batch_config(spec),
+            target=option_float(spec, "target", 0.6),
+            period_s=option_duration(spec, "period", 15.0),
+            tolerance=option_float(spec, "tolerance", 0.1),
+            stabilization_s=option_duration(spec, "window", 300.0),
+        ),
+    )
+
+
 PLANNING_OPTIONS = {"lead", "slo", "margin", "step", "history"}
 
 
@@ -146,6 +186,8 @@ POLICY_FACTORIES: dict[str, PolicyFactory] = {
     "reactive": _reactive,
     "predictive": _predictive,
     "oracle": _oracle,
+    "serve-autoscaler": _serve_autoscaler,
+    "hpa": _hpa,
 }
 
 

@@ -25,6 +25,7 @@ from tidal_base.specs import parse_spec
 from tidal_base.units import parse_duration_s
 
 if TYPE_CHECKING:
+    from adaptive.fleet import FleetLimits
     from adaptive.guards import Guardrails
     from adaptive.latency import LatencyModel
     from adaptive.optimizer import PerformanceTable
@@ -147,6 +148,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="model reload per config change, as Triton does: a change serves only after "
         "it, the old config serving meanwhile (default 0: changes are free)",
     )
+    fleet.add_argument(
+        "--min-replicas",
+        type=positive_int_arg,
+        help="with --max-replicas: the fewest replicas a policy may scale in to (default 1)",
+    )
+    fleet.add_argument(
+        "--max-replicas",
+        type=positive_int_arg,
+        help="let policies that plan capacity change the replica count, up to N (starting "
+        "from --workers); without it the fleet is fixed",
+    )
+    fleet.add_argument(
+        "--replica-startup",
+        type=duration_arg,
+        default=0.0,
+        help="time from asking for a replica to its model loaded; its buckets then warm "
+        "(--warmup) before it takes traffic (default 0)",
+    )
     control = parser.add_argument_group("control")
     control.add_argument(
         "--events",
@@ -204,18 +223,19 @@ def _run(args: argparse.Namespace) -> int:
     from simulations.engine import PoolSettings, Routing
     from simulations.run import SimulationSettings
 
-    trace = _load(args)
-    for note in trace.notes:
-        print(f"simulate: warning: {note}", file=sys.stderr)
-    origin_s = epoch_seconds(trace.origin)
-    pool = PoolSettings(
+    pool = PoolSettings(  # validated before the trace loads: a bad flag fails at once
         args.workers,
         args.slo,
         Routing(args.routing),
         args.max_queue,
         warmup_s=args.warmup,
         reload_s=args.reload,
+        fleet=_fleet_limits(args),
     )
+    trace = _load(args)
+    for note in trace.notes:
+        print(f"simulate: warning: {note}", file=sys.stderr)
+    origin_s = epoch_seconds(trace.origin)
     settings = SimulationSettings(
         pool=pool,
         tick_s=args.tick,
@@ -233,6 +253,17 @@ def _run(args: argparse.Namespace) -> int:
     report = _simulate_with_progress(trace, policies, settings, latency, args.no_progress, shadows)
     _emit(report, args)
     return 0
+
+
+def _fleet_limits(args: argparse.Namespace) -> FleetLimits | None:
+    """Replica limits when the fleet may scale; None keeps it at --workers."""
+    from adaptive.fleet import FleetLimits
+
+    if args.max_replicas is None:
+        if args.min_replicas is not None or args.replica_startup:
+            raise InvalidInput("--min-replicas and --replica-startup need --max-replicas")
+        return None
+    return FleetLimits(args.min_replicas or 1, args.max_replicas, args.replica_startup)
 
 
 def policy_context(trace: Trace, latency: LatencyModel, pool: PoolSettings) -> PolicyContext:

@@ -8,12 +8,14 @@ It knows nothing about policies or traces; `simulations.run` drives it.
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from adaptive.change_cost import ReloadTracker
 from adaptive.config import BatchConfig
+from adaptive.fleet import FleetLimits, FleetView
 from adaptive.histogram import (
     BUCKET_LOWER_S,
     BUCKET_REPRESENTATIVES_S,
@@ -22,7 +24,7 @@ from adaptive.histogram import (
     NUM_BUCKETS,
 )
 from adaptive.latency import LatencyModel, max_feasible_batch
-from adaptive.warmup import WarmupStatus, WarmupTracker, bucket_for
+from adaptive.warmup import WarmupStatus, WarmupTracker, bucket_for, buckets_through
 from simulations import kernel as k
 from tidal_base.errors import InvalidInput
 
@@ -58,10 +60,21 @@ class PoolSettings:
     record_requests: bool = False
     warmup_s: float = 0.0
     reload_s: float = 0.0  # an engine that reloads the model for any change (Triton)
+    fleet: FleetLimits | None = None  # None: `workers` replicas throughout
 
     def __post_init__(self) -> None:
         if self.workers < 1:
             raise InvalidInput(f"workers must be >= 1, got {self.workers}")
+        if self.fleet is not None and self.routing is not Routing.SHARED:
+            raise InvalidInput(
+                f"a fleet that scales needs the shared queue (--routing shared), not "
+                f"{self.routing.value}: a replica's own queue would have to move when it goes"
+            )
+        if self.fleet is not None and self.fleet.clamp(self.workers) != self.workers:
+            raise InvalidInput(
+                f"workers ({self.workers}) must be within the replica limits "
+                f"({self.fleet.min_replicas}-{self.fleet.max_replicas})"
+            )
         if self.max_queue is not None and self.max_queue < 1:
             raise InvalidInput(f"max_queue must be >= 1, got {self.max_queue}")
         if self.slo_s <= 0:
@@ -148,6 +161,12 @@ class SimulatedPool:
         self._qhead = np.zeros(queues, dtype=np.int64)
         self._qlen = np.zeros(queues, dtype=np.int64)
         self.worker_free = np.zeros(settings.workers)
+        # A replica slot is provisioned (ready, or starting until `_ready_at`) or gone
+        # (its worker_free is inf, so the kernel never picks it); gone slots are reused.
+        self._provisioned = np.ones(settings.workers, dtype=bool)
+        self._ready_at = np.zeros(settings.workers)
+        self.replica_seconds = 0.0  # provisioned replica time, ready or starting
+        self.replica_starts = 0
         self._istate = np.zeros(k.NUM_INT_STATE, dtype=np.int64)
         self._stats = np.zeros(k.NUM_STATS)
         self._tick_hist = np.zeros((1, NUM_BUCKETS), dtype=np.int64)
@@ -214,11 +233,70 @@ class SimulatedPool:
         """Warmed and warming buckets; None when warm-up is not modelled."""
         return None if self._warmup is None else self._warmup.status(now)
 
+    def fleet(self, now: float) -> FleetView:
+        """The replicas at `now`: ready, starting, and the count provisioned."""
+        provisioned = int(self._provisioned.sum())
+        ready = int((self._provisioned & (self._ready_at <= now)).sum())
+        startup_s = self.settings.fleet.startup_s if self.settings.fleet else 0.0
+        return FleetView(ready, provisioned - ready, provisioned, startup_s)
+
+    def resize(self, replicas: int, now: float) -> None:
+        """Provision `replicas` from `now`. A new replica serves after the start-up time
+        and the warm-up of every bucket up to the pool's warm target (it takes traffic
+        once warm, as a readiness probe would let it); a removed one finishes its batch
+        (paid for until then) and takes no more. Replicas still starting go first, then
+        the idlest ready ones."""
+        limits = self.settings.fleet
+        if limits is None:
+            raise InvalidInput("this pool's fleet is fixed (no replica limits)")
+        change = replicas - int(self._provisioned.sum())
+        if change > 0:
+            # A fresh replica has nothing warm: every bucket up to the target, 1 included.
+            warm_s = len(buckets_through(self._requested_cap)) * self.settings.warmup_s
+            warm_s = warm_s if self._requested_cap else 0.0
+            for _ in range(change):
+                self._start_replica(now + limits.startup_s + warm_s)
+        for _ in range(-change):
+            self._stop_replica(now)
+
+    def _start_replica(self, ready_at: float) -> None:
+        gone = np.flatnonzero(~self._provisioned)
+        if gone.size:
+            slot = int(gone[0])
+        else:
+            slot = self.worker_free.size
+            self.worker_free = np.append(self.worker_free, 0.0)
+            self._provisioned = np.append(self._provisioned, False)
+            self._ready_at = np.append(self._ready_at, 0.0)
+        self.worker_free[slot] = ready_at
+        self._ready_at[slot] = ready_at
+        self._provisioned[slot] = True
+        self.replica_starts += 1
+
+    def _stop_replica(self, now: float) -> None:
+        slots = np.flatnonzero(self._provisioned)
+        starting = slots[self._ready_at[slots] > now]
+        if starting.size:
+            slot = int(starting[np.argmax(self._ready_at[starting])])  # the latest to come
+        else:
+            slot = int(slots[np.argmin(self.worker_free[slots])])  # the idlest
+            self.replica_seconds += max(0.0, float(self.worker_free[slot]) - now)
+        self.worker_free[slot] = math.inf
+        self._provisioned[slot] = False
+
+    @property
+    def last_busy_s(self) -> float:
+        """When the last batch dispatched so far completes (0 before any)."""
+        busy = self.worker_free[np.isfinite(self.worker_free)]
+        return float(busy.max()) if busy.size else 0.0
+
     def advance(
         self, t_start: float, t_end: float, arrivals: np.ndarray, config: BatchConfig
     ) -> TickStats:
         """Run the pool from t_start to t_end under `config`, taking `arrivals` (sorted)."""
         # Runs once per tick per policy: keep the Python side lean (no numpy reductions).
+        if self.settings.fleet is not None:
+            self.replica_seconds += int(self._provisioned.sum()) * (t_end - t_start)
         config = self.serving(config, t_start)
         self.served_max_batch = config.max_batch_size
         table = self._service_table(config.max_batch_size)

@@ -42,6 +42,9 @@ def policy_summary(result: PolicyResult) -> dict[str, Any]:
         "wall_s": round(result.wall_s, 3),
         "sim_requests_per_s": round(result.sim_requests_per_s),
         "config_changes": result.config_changes,
+        "replica_seconds": round(result.replica_seconds, 3),
+        "max_replicas": result.max_replicas,
+        "replica_changes": result.replica_changes,
         "fallback_s": round(result.fallback_s, 3),
         "clamped_max_batch": (
             {"requested": result.clamped_from, "applied": result.max_feasible_batch}
@@ -89,6 +92,8 @@ def format_table(report: SimulationReport) -> str:
         f"{'worst10m':>8} {'shed':>8} {'batch':>6} {'fill':>5} {'util':>5} "
         f"{'busy/1k':>8} {'changes':>7} {'fallbk s':>8}"
     )
+    if report.scaling:  # what a fleet that scales pays for, and how often it moved
+        header += f" {'rep-h':>8} {'max rep':>7} {'scaled':>6}"
     lines = [
         f"trace {report.trace}: {report.requests:,} requests, {report.workers} workers, "
         f"SLO p99 {report.slo_s * 1e3:g} ms, latency {report.latency_model}",
@@ -103,6 +108,11 @@ def format_table(report: SimulationReport) -> str:
             f"{r.worst_window_attainment(600.0) * 100:>8.2f} {r.shed:>8} "
             f"{r.mean_batch_size:>6.1f} {r.batch_fill_ratio:>5.2f} {r.utilization:>5.2f} "
             f"{r.busy_seconds_per_1k:>8.3f} {r.config_changes:>7} {r.fallback_s:>8.0f}"
+            + (
+                f" {r.replica_seconds / 3600:>8.2f} {r.max_replicas:>7} {r.replica_changes:>6}"
+                if report.scaling
+                else ""
+            )
         )
     lines.extend(f"note: {n}" for n in report_notes(report))
     return "\n".join(lines)

@@ -71,6 +71,7 @@ class SimulationSettings:
             origin_s=self.origin_s,
             events=self.events,
             guardrails=self.guardrails,
+            fleet=self.pool.fleet,
         )
 
 
@@ -99,6 +100,9 @@ class PolicyResult:
     max_feasible_batch: int | None = None
     safety_shed: bool = False
     records: np.ndarray | None = field(default=None, repr=False)
+    replica_seconds: float = 0.0  # provisioned replica time (ready or starting)
+    replica_changes: int = 0
+    max_replicas: int = 0  # the most replicas provisioned at once
 
     @property
     def throughput_rps(self) -> float:
@@ -119,7 +123,8 @@ class PolicyResult:
 
     @property
     def utilization(self) -> float:
-        return self.busy_s / (self.workers * self.span_s) if self.span_s else 0.0
+        """Busy time over the replica time paid for."""
+        return self.busy_s / self.replica_seconds if self.replica_seconds else 0.0
 
     @property
     def sim_requests_per_s(self) -> float:
@@ -158,6 +163,7 @@ class SimulationReport:
     window_s: float
     results: tuple[PolicyResult, ...]
     notes: tuple[str, ...] = ()
+    scaling: bool = False  # the fleet's size was the policies' to change
 
 
 class _PolicyRun:
@@ -188,6 +194,8 @@ class _PolicyRun:
         self.wall_s = 0.0
         self.window_hist = np.zeros(NUM_BUCKETS, dtype=np.int64)
         self.total_hist = np.zeros(NUM_BUCKETS, dtype=np.int64)
+        self.max_replicas = settings.pool.workers
+        self._paid_s = 0.0  # the pool's replica-seconds when the last window closed
 
     def tick(self, t_start: float, t_end: float, arrivals: np.ndarray) -> None:
         started = time.perf_counter()
@@ -195,11 +203,16 @@ class _PolicyRun:
         stats = self.pool.advance(t_start, t_end, arrivals, controller.config)
         self._accumulate(stats)
         settings = self.settings
-        report = pool_report(self.pool, stats, t_end, settings.tick_s, self.version)
-        observed = observe_pool([report], t_end, settings.tick_s, settings.pool.workers)
-        record = controller.step(t_end, observed)
+        fleet = self.pool.fleet(t_end) if settings.pool.fleet is not None else None
+        workers = settings.pool.workers if fleet is None else max(1, fleet.ready)
+        report = pool_report(self.pool, stats, t_end, settings.tick_s, self.version, workers)
+        observed = observe_pool([report], t_end, settings.tick_s, workers)
+        record = controller.step(t_end, observed, fleet)
         if record.changed:
             self.version += 1
+        if fleet is not None and controller.replicas != fleet.provisioned:
+            self.pool.resize(controller.replicas, t_end)
+            self.max_replicas = max(self.max_replicas, controller.replicas)
         if record.noteworthy:
             self.records.append(replace(record, version=self.version))
         self.wall_s += time.perf_counter() - started
@@ -231,6 +244,10 @@ class _PolicyRun:
             return
         last = self.controller.last
         forecast = None if last is None else last.forecast
+        fleet = None
+        if self.settings.pool.fleet is not None:
+            fleet = self.pool.fleet(end_s).provisioned, self.pool.replica_seconds - self._paid_s
+            self._paid_s = self.pool.replica_seconds
         self.timeline.close_window(
             end_s,
             self.window_hist,
@@ -239,6 +256,8 @@ class _PolicyRun:
             forecast_rps=None if forecast is None else forecast.mean_rps_now,
             forecast_upper_rps=None if forecast is None else forecast.upper_rps_now,
             fallback=self.controller.mode is Mode.FALLBACK,
+            replicas=None if fleet is None else fleet[0],
+            replica_seconds=None if fleet is None else fleet[1],
         )
         self.total_hist += self.window_hist
         self.window_hist[:] = 0
@@ -251,8 +270,10 @@ class _PolicyRun:
         completed, shed, within, batches, size_sum, fill_sum = self.counts
         histogram = LatencyHistogram()
         histogram.add_counts(self.total_hist, self.latency_sum_s, self.latency_max_s)
-        span_s = float(max(self.pool.worker_free.max(), duration_s))
+        span_s = max(self.pool.last_busy_s, duration_s)
         settings = self.settings.pool
+        fixed = settings.fleet is None
+        replica_seconds = settings.workers * span_s if fixed else self.pool.replica_seconds
         return PolicyResult(
             policy=self.policy.spec,
             requests=requests,
@@ -275,14 +296,23 @@ class _PolicyRun:
             max_feasible_batch=self.pool.max_feasible_batch,
             safety_shed=settings.max_queue is None and shed > 0,
             records=self.pool.records() if settings.record_requests else None,
+            replica_seconds=replica_seconds,
+            replica_changes=self.controller.replica_changes,
+            max_replicas=self.max_replicas,
         )
 
 
 def pool_report(
-    pool: SimulatedPool, s: TickStats, now: float, tick_s: float, version: int
+    pool: SimulatedPool,
+    s: TickStats,
+    now: float,
+    tick_s: float,
+    version: int,
+    replicas: int | None = None,
 ) -> WorkerStats:
     """A simulated pool's tick as its workers would report it over the bus: one
-    `WorkerStats` that covers all of them (`replicas`)."""
+    `WorkerStats` that covers all of them (`replicas`: those ready, on a fleet that
+    scales)."""
     warm = pool.warmup_status(now)
     return WorkerStats(
         worker=_PolicyRun.POOL,
@@ -301,7 +331,7 @@ def pool_report(
         max_batch_size=pool.served_max_batch,
         warmed_buckets=None if warm is None else warm.warmed,
         config_version=version,
-        replicas=pool.settings.workers,
+        replicas=pool.settings.workers if replicas is None else replicas,
         batches=s.batches,
         batch_size_sum=s.batch_size_sum,
         fill_sum=s.fill_sum,
@@ -342,6 +372,7 @@ def simulate(
         window_s=settings.window_s,
         results=tuple(run.result(requests, trace.duration_s) for run in runs),
         notes=tuple(trace.notes),
+        scaling=settings.pool.fleet is not None,
     )
 
 

@@ -33,6 +33,8 @@ class WindowRow:
     forecast_rps: float | None = None
     forecast_upper_rps: float | None = None
     fallback: bool = False
+    replicas: int = 0  # provisioned at the window's end (ready or starting)
+    replica_seconds: float = 0.0  # provisioned replica time within the window
 
     @property
     def arrival_rate_rps(self) -> float:
@@ -62,13 +64,17 @@ class TimelineBuilder:
         forecast_rps: float | None = None,
         forecast_upper_rps: float | None = None,
         fallback: bool = False,
+        replicas: int | None = None,
+        replica_seconds: float | None = None,
     ) -> None:
         """End the window at end_s; `window_counts` is its latency histogram, `config`
         the controller's config at its end and `served_max_batch` the cap the workers ran
-        (smaller while buckets warm)."""
+        (smaller while buckets warm). On a fleet that scales, `replicas` and
+        `replica_seconds` are what was provisioned; otherwise `workers` throughout."""
         ticks = self._ticks
         batches = sum(t.batches for t in ticks)
         span = end_s - self._start_s
+        paid_s = self.workers * span if replica_seconds is None else replica_seconds
         p50 = quantile_from_counts(window_counts, 0.5)
         p99 = quantile_from_counts(window_counts, 0.99)
         self.rows.append(
@@ -82,7 +88,7 @@ class TimelineBuilder:
                 p99_ms=None if p99 is None else p99 * 1e3,
                 mean_batch_size=sum(t.batch_size_sum for t in ticks) / batches if batches else None,
                 batch_fill_ratio=sum(t.fill_sum for t in ticks) / batches if batches else None,
-                utilization=sum(t.busy_s for t in ticks) / (self.workers * span) if span else 0.0,
+                utilization=sum(t.busy_s for t in ticks) / paid_s if paid_s else 0.0,
                 max_queue_depth=max((t.max_queue_depth for t in ticks), default=0),
                 max_batch_size=config.max_batch_size,
                 timeout_ms=config.timeout_s * 1e3,
@@ -91,6 +97,8 @@ class TimelineBuilder:
                 forecast_rps=forecast_rps,
                 forecast_upper_rps=forecast_upper_rps,
                 fallback=fallback,
+                replicas=self.workers if replicas is None else replicas,
+                replica_seconds=paid_s,
             )
         )
         self._start_s = end_s

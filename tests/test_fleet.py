@@ -1,0 +1,153 @@
+"""A fleet whose size is a decision: the simulator's replicas, their cost, the baselines.
+
+Exact small cases computed by hand: when a new replica serves, what provisioned time
+costs, and how Ray Serve's and Kubernetes' autoscalers move (their documented rules).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from adaptive.autoscalers import HpaPolicy, ServeAutoscalerPolicy
+from adaptive.config import BatchConfig
+from adaptive.fleet import FleetLimits, FleetView
+from adaptive.latency import LinearLatency
+from adaptive.policy import Observation, Snapshot
+from simulations import kernel as k
+from simulations.cli import main as simulate
+from simulations.engine import PoolSettings, Routing, SimulatedPool
+from tidal_base.errors import InvalidInput
+
+CONFIG = BatchConfig(1, 0.0)
+
+
+def pool(workers: int = 1, startup_s: float = 5.0, warmup_s: float = 0.0) -> SimulatedPool:
+    settings = PoolSettings(
+        workers,
+        slo_s=1.0,
+        record_requests=True,
+        warmup_s=warmup_s,
+        fleet=FleetLimits(1, 4, startup_s),
+    )
+    # 1 s per request, no jitter: every dispatch instant is computed by hand.
+    return SimulatedPool(settings, LinearLatency(1.0, 0.0), np.random.default_rng(0))
+
+
+def test_a_new_replica_serves_only_once_started_and_is_paid_for_from_the_ask():
+    simulated = pool()
+    simulated.resize(2, now=0.0)  # ready at 5 s
+    assert simulated.fleet(0.0) == FleetView(1, 1, 2, 5.0)
+    arrivals = np.repeat(np.arange(8, dtype=np.float64), 2)  # two a second: a queue builds
+    for t in range(10):
+        simulated.advance(
+            float(t), float(t + 1), arrivals[(arrivals >= t) & (arrivals < t + 1)], CONFIG
+        )
+    records = simulated.records()
+    second = records[records[:, k.REC_WORKER] == 1]
+    assert second[:, k.REC_DISPATCHED_AT].min() == 5.0  # not a moment before it started
+    assert simulated.fleet(5.0) == FleetView(2, 0, 2, 5.0)
+    assert simulated.replica_seconds == 20.0  # two replicas for ten 1 s ticks
+
+
+def test_a_removed_replica_finishes_its_batch_then_takes_no_more():
+    simulated = pool(workers=2)
+    arrivals = np.array([0.0, 0.0, 0.5, 0.5, 0.5])
+    simulated.advance(0.0, 0.5, arrivals[:2], CONFIG)  # both replicas busy until 1.0
+    simulated.resize(1, now=0.5)  # the idlest goes: either, both are busy until 1.0
+    for t in (0.5, 1.0, 2.0, 3.0, 4.0):
+        simulated.advance(
+            t, t + (0.5 if t == 0.5 else 1.0), arrivals[2:] if t == 0.5 else arrivals[:0], CONFIG
+        )
+    records = simulated.records()
+    assert len(set(records[records[:, k.REC_DISPATCHED_AT] >= 0.5][:, k.REC_WORKER])) == 1
+    # Two replicas for the first half second, one for the rest, plus the half second
+    # the removed one spent finishing its batch.
+    assert simulated.replica_seconds == pytest.approx(2 * 0.5 + 4.5 * 1 + 0.5)
+
+
+def test_a_replica_still_starting_is_the_first_to_go():
+    simulated = pool()
+    simulated.resize(3, now=0.0)
+    simulated.resize(2, now=1.0)
+    assert simulated.fleet(1.0) == FleetView(1, 1, 2, 5.0)
+
+
+def test_a_new_replica_warms_its_buckets_before_it_takes_traffic():
+    simulated = pool(startup_s=10.0, warmup_s=2.0)
+    simulated.advance(0.0, 1.0, np.zeros(0), BatchConfig(8, 0.001))  # warm target 8
+    simulated.resize(2, now=1.0)  # start-up 10 s, then buckets 1, 2, 4 and 8 at 2 s each
+    assert simulated.fleet(18.9).starting == 1 and simulated.fleet(19.0).ready == 2
+
+
+def test_a_fleet_that_scales_is_validated_before_anything_runs():
+    with pytest.raises(InvalidInput, match="shared queue"):
+        PoolSettings(2, 0.1, Routing.ROUND_ROBIN, fleet=FleetLimits(1, 4))
+    with pytest.raises(InvalidInput, match=r"within the replica limits \(2-4\)"):
+        PoolSettings(1, 0.1, fleet=FleetLimits(2, 4))
+    with pytest.raises(InvalidInput, match="max replicas"):
+        FleetLimits(3, 2)
+
+
+def snapshot(now: float, fleet: FleetView, *, queue: int = 0, busy_s: float = 0.0) -> Snapshot:
+    observation = Observation(now, 1.0, 0, 0, 0, queue, None, None, 1.0, 1.0, 0.0, busy_s=busy_s)
+    return Snapshot(now, observation, CONFIG, 0.1, fleet.ready, fleet=fleet)
+
+
+def test_serve_autoscaler_moves_up_once_wanted_for_its_delay():
+    policy = ServeAutoscalerPolicy(CONFIG, target_ongoing_requests=2.0)
+    fleet = FleetView(1, 0, 1)
+    answers = [policy.decide(snapshot(t, fleet, queue=10)).replicas for t in range(31)]
+    # 10 ongoing for 2 per replica: 5 wanted from the first tick, applied 30 s later.
+    assert answers[:30] == [1] * 30 and answers[30] == 5
+    decision = policy.decide(snapshot(31, FleetView(1, 4, 5), queue=10))
+    assert decision.replicas == 5 and "10.0 ongoing requests" in decision.reason
+
+
+def test_serve_autoscaler_waits_ten_minutes_to_scale_in_and_a_break_restarts_the_wait():
+    policy = ServeAutoscalerPolicy(CONFIG, target_ongoing_requests=2.0, look_back_s=1.0)
+    fleet = FleetView(4, 0, 4)
+    answers = [policy.decide(snapshot(t, fleet, queue=2)).replicas for t in range(300)]
+    policy.decide(snapshot(300, fleet, queue=8))  # a busy second breaks the wait
+    answers += [policy.decide(snapshot(t, fleet, queue=2)).replicas for t in range(301, 902)]
+    assert set(answers[:-1]) == {4} and answers[-1] == 1  # 600 s after the break
+
+
+def test_hpa_scales_on_utilisation_each_sync_and_holds_the_window_high_to_scale_in():
+    policy = HpaPolicy(CONFIG, target=0.5, period_s=15.0, stabilization_s=300.0)
+    fleet = FleetView(2, 0, 2)
+    busy = [policy.decide(snapshot(t, fleet, busy_s=1.5)).replicas for t in range(16)]
+    # 1.5 busy seconds a second over 2 replicas: 75% against 50%, so ceil(2 x 1.5) = 3,
+    # at the first sync, a period after the first tick.
+    assert busy[:-1] == [2] * 15 and busy[-1] == 3
+    fleet = FleetView(3, 0, 3)
+    idle = [policy.decide(snapshot(t, fleet, busy_s=0.3)).replicas for t in range(16, 331)]
+    # 10% wants 1 from the sync at 30 s, but the window holds the 3 recommended at 15 s
+    # until a sync more than 300 s after it (330 s).
+    assert set(idle[:-1]) == {3} and idle[-1] == 1
+
+
+def test_simulate_scales_a_fleet_and_reports_what_it_paid_for(capsys, tmp_path):
+    trace = tmp_path / "step.csv"
+    rows = "".join(f"{s},{20 if s < 120 else 3000}\n" for s in range(300))
+    trace.write_text("timestamp,count\n" + rows)
+    argv = ["--trace", str(trace), "--workers", "1", "--latency-model", "linear:5,0.4"]
+    scaling = ["--max-replicas", "8", "--replica-startup", "30s"]
+    policies = ["--policy", "serve-autoscaler:max_batch=16,timeout=10ms,target_ongoing=8"]
+    fixed = ["--policy", "static:max_batch=16,timeout=10ms"]
+    assert simulate([*argv, *scaling, *policies, *fixed, "--json", "--out", str(tmp_path)]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    autoscaled, static = summary["policies"]
+    assert autoscaled["max_replicas"] > 1 and autoscaled["replica_changes"] >= 1
+    # The fixed replica pays until its queue has drained (the load outran it); the
+    # autoscaled fleet paid for more replicas and kept its latency.
+    assert static["max_replicas"] == 1 and static["replica_seconds"] > 300
+    assert autoscaled["latency_ms"]["p99"] < static["latency_ms"]["p99"]
+    decisions = (
+        tmp_path / "decisions-serve-autoscaler-max_batch-16-timeout-10ms-target_ongoing-8.jsonl"
+    )
+    scaled = [json.loads(line) for line in decisions.read_text().splitlines()]
+    out = next(d for d in scaled if d["kind"] == "scale_out")
+    assert out["replicas"] > out["replicas_before"] and "ongoing requests" in out["reason"]
