@@ -326,7 +326,9 @@ def _more_cautious(
         timeout_s=min(ours.timeout_s, theirs.timeout_s),
         warm_max_batch=warm if warm > cap else 0,
     )
-    return replace(backup, config=config, reason=reason)
+    # Replicas too: the planner's count (its floor is the load measured now) is kept.
+    asked = [r for r in (backup.replicas, planned.replicas) if r is not None]
+    return replace(backup, config=config, reason=reason, replicas=max(asked, default=None))
 
 
 def _forecast_used(snapshot: Snapshot) -> ForecastUsed | None:

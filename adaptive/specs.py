@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from adaptive.aimd import AimdPolicy
 from adaptive.autoscalers import HpaPolicy, ServeAutoscalerPolicy
+from adaptive.capacity import JointPolicy
 from adaptive.config import BatchConfig
 from adaptive.optimizer import ConfigOptimizer, PerformanceTable
 from adaptive.policy import Policy, StaticPolicy
@@ -51,6 +52,8 @@ class PolicyContext:
     workers: int
     table: TableProvider | None = None
     truth: RateSeries | None = None
+    replica_table: TableProvider | None = None  # the table for one replica (fleet planning)
+    replica_startup_s: float = 0.0
 
 
 PolicyFactory = Callable[[PolicySpec, PolicyContext], Policy]
@@ -135,17 +138,32 @@ def _hpa(spec: PolicySpec, context: PolicyContext) -> Policy:
     )
 
 
-PLANNING_OPTIONS = {"lead", "slo", "margin", "step", "history"}
+PLANNING_OPTIONS = {"lead", "slo", "margin", "step", "history", "replicas", "headroom"}
+PLANNING_OPTIONS |= {"scale_in"}
 
 
-def _optimizer(spec: PolicySpec, context: PolicyContext) -> ConfigOptimizer:
-    if context.table is None:
+def _optimizer(
+    spec: PolicySpec, context: PolicyContext, table: TableProvider | None
+) -> ConfigOptimizer:
+    if table is None:
         raise InvalidInput(f"policy {spec.text!r} needs a latency model to plan with")
     slo_s = option_duration(spec, "slo", context.slo_s)
     margin = option_float(spec, "margin", 0.8)
     if not 0 < margin <= 1:  # ConfigOptimizer says so too, but only after the table
         raise InvalidInput(f"policy {spec.text!r}: margin must be in (0, 1], got {margin}")
-    return built(spec, lambda: ConfigOptimizer(context.table(slo_s), slo_s, margin))
+    return built(spec, lambda: ConfigOptimizer(table(slo_s), slo_s, margin))
+
+
+def _plans_replicas(spec: PolicySpec, context: PolicyContext) -> bool:
+    mode = spec.options.get("replicas", "fixed")
+    if mode not in ("fixed", "plan"):
+        raise InvalidInput(f"policy {spec.text!r}: replicas must be fixed or plan, got {mode!r}")
+    if mode == "plan" and context.replica_table is None:
+        raise InvalidInput(
+            f"policy {spec.text!r} plans replicas: give the fleet room to scale "
+            "(simulate --max-replicas)"
+        )
+    return mode == "plan"
 
 
 def _planning(spec: PolicySpec, context: PolicyContext, forecaster, name: str) -> Policy:
@@ -155,15 +173,33 @@ def _planning(spec: PolicySpec, context: PolicyContext, forecaster, name: str) -
     lead_s = None if lead == "auto" else option_duration(spec, "lead", 0.0)
     step_s = option_duration(spec, "step", 10.0)
     history_s = option_duration(spec, "history", 6 * 3600.0)
-    return PredictivePolicy(
+    joint = _plans_replicas(spec, context)
+    headroom = option_float(spec, "headroom", 0.8)
+    scale_in_s = option_duration(spec, "scale_in", 600.0)
+    if not joint and ("headroom" in spec.options or "scale_in" in spec.options):
+        raise InvalidInput(f"policy {spec.text!r}: headroom and scale_in need replicas=plan")
+    table = context.replica_table if joint else context.table
+    batching = PredictivePolicy(
         uses_events=name != "oracle",
-        optimizer=_optimizer(spec, context),
+        optimizer=_optimizer(spec, context, table),
         forecaster=forecaster,
         forecast_step_s=step_s,
         history_s=history_s,
         lead_s=lead_s,
         name=name,
         spec_text=spec.text,
+    )
+    if not joint:
+        return batching
+    return built(
+        spec,
+        lambda: JointPolicy(
+            batching,
+            startup_s=context.replica_startup_s,
+            headroom=headroom,
+            scale_in_after_s=scale_in_s,
+            spec_text=spec.text,
+        ),
     )
 
 

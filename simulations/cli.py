@@ -275,9 +275,20 @@ def policy_context(trace: Trace, latency: LatencyModel, pool: PoolSettings) -> P
     def table(slo_s: float) -> PerformanceTable:
         return performance_table(latency, pool.workers, slo_s, pool.warmup_s > 0, pool.routing)
 
+    def replica_table(slo_s: float) -> PerformanceTable:
+        return performance_table(latency, 1, slo_s, pool.warmup_s > 0, pool.routing)
+
     truth = series_from_trace(trace, trace.duration_s / max(1, round(trace.duration_s)))
     truth = RateSeries(truth.start_s, truth.step_s, truth.counts * trace.rate_scale)
-    return PolicyContext(slo_s=pool.slo_s, workers=pool.workers, table=table, truth=truth)
+    fleet = pool.fleet
+    return PolicyContext(
+        slo_s=pool.slo_s,
+        workers=pool.workers,
+        table=table,
+        truth=truth,
+        replica_table=replica_table if fleet is not None else None,
+        replica_startup_s=fleet.startup_s if fleet is not None else 0.0,
+    )
 
 
 def _events(args: argparse.Namespace, origin_s: float) -> tuple[Event, ...]:

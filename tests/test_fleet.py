@@ -151,3 +151,100 @@ def test_simulate_scales_a_fleet_and_reports_what_it_paid_for(capsys, tmp_path):
     scaled = [json.loads(line) for line in decisions.read_text().splitlines()]
     out = next(d for d in scaled if d["kind"] == "scale_out")
     assert out["replicas"] > out["replicas_before"] and "ongoing requests" in out["reason"]
+
+
+@pytest.fixture(scope="module")
+def joint():
+    """The joint policy on one replica's table for linear:5,0.4 (SLO 100 ms), 90 s
+    start-up; a fresh policy per test from the same compiled table."""
+    from adaptive.specs import PolicyContext, build_policy
+    from simulations.calibration import performance_table
+
+    latency = LinearLatency(0.005, 0.0004)
+
+    def table(slo_s: float):
+        return performance_table(latency, 1, slo_s, False)
+
+    context = PolicyContext(0.1, 4, table=table, replica_table=table, replica_startup_s=90.0)
+    return lambda: build_policy("predictive:replicas=plan,step=10s", context)
+
+
+def flat_forecast(now: float, rps: float, rise_at_s: float | None = None, rise_rps: float = 0.0):
+    """A forecast in 10 s steps from `now`, flat at `rps`, rising to `rise_rps` from
+    `rise_at_s` ahead."""
+    from forecaster.forecast import Forecast
+
+    times = now + 10.0 * np.arange(60)
+    rate = np.full(60, rps)
+    if rise_at_s is not None:
+        rate[times - now >= rise_at_s] = rise_rps
+    counts = rate * 10.0
+    return Forecast(times, 10.0, counts, counts * 0.9, counts * 1.1, 0.9, "test", now)
+
+
+def planned(policy, now: float, fleet: FleetView, measured_rps: float, forecast):
+    observation = Observation(
+        now,
+        1.0,
+        int(measured_rps),
+        int(measured_rps),
+        0,
+        0,
+        None,
+        None,
+        4.0,
+        0.5,
+        0.3,
+        rate_rps=measured_rps,
+    )
+    snap = Snapshot(
+        now,
+        observation,
+        BatchConfig(8, 0.002),
+        0.1,
+        fleet.ready,
+        fleet=fleet,
+        forecast=forecast,
+        tick_s=1.0,
+    )
+    return policy.decide(snap)
+
+
+def test_the_joint_policy_starts_replicas_ahead_of_a_forecast_rise(joint):
+    policy = joint()
+    each = policy.replica_rps
+    fleet = FleetView(2, 0, 2, 90.0)
+    # The lead is the start-up plus a forecast step and two ticks: 102 s. A rise to 4.5
+    # replicas' worth 200 s ahead is beyond it; the band's top now (1.1 x one replica's
+    # worth) keeps the two there are.
+    early = planned(policy, 0.0, fleet, each, flat_forecast(0.0, each, 200.0, 4.5 * each))
+    assert early.replicas == 2
+    # 100 s ahead it is within the lead: the band's top, 4.95 replicas' worth, needs 5.
+    soon = planned(policy, 100.0, fleet, each, flat_forecast(100.0, each, 100.0, 4.5 * each))
+    assert soon.replicas == 5
+    assert soon.reason.startswith("forecast upper bound") and "starting 3" in soon.reason
+
+
+def test_the_joint_policy_never_scales_in_on_a_forecast_alone(joint):
+    policy = joint()
+    each = policy.replica_rps
+    fleet = FleetView(4, 0, 4, 90.0)
+    # The forecast says one replica's worth; the pool measures three's.
+    for t in range(0, 700, 10):
+        decision = planned(policy, float(t), fleet, 2.5 * each, flat_forecast(float(t), 0.2 * each))
+        assert decision.replicas >= 3
+    # Measured load falls too: a replica goes only once the window has seen no more.
+    answers = [
+        planned(policy, float(t), fleet, 0.2 * each, flat_forecast(float(t), 0.2 * each)).replicas
+        for t in range(700, 1400, 10)
+    ]
+    assert answers[0] >= 3 and answers[-1] == 1
+    first_in = 700 + 10 * next(i for i, r in enumerate(answers) if r < 3)
+    assert first_in >= 690 + 600  # the last high measurement, a window later
+
+
+def test_a_joint_policy_needs_a_fleet_that_can_scale(capsys, tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text("timestamp,count\n" + "".join(f"{s},100\n" for s in range(30)))
+    assert simulate(["--trace", str(trace), "--policy", "predictive:replicas=plan"]) == 2
+    assert "simulate --max-replicas" in capsys.readouterr().err

@@ -1,0 +1,186 @@
+"""Replicas and batches planned together: the joint policy (`predictive:replicas=plan`).
+
+A replica's capacity depends on its batch config, and while new replicas start, the
+ones already up can only bridge the gap by batching more. So one policy decides both:
+
+- Batches: the planning policy (`predictive`, or the oracle) runs on a per-replica view
+  of the pool (its rates and forecast divided by the replicas ready now) with an
+  optimiser compiled for one replica. While replicas start, the ready ones see a larger
+  share and batch more: the bridge.
+- Replicas: enough that each gets at most `headroom` of what one replica can serve
+  within the SLO at its best config, for the forecast's upper bound over the time a new
+  replica takes to serve (start-up, warm-up of every bucket, a forecast step and two
+  ticks): scale out ahead. The load measured now is a floor, so a forecast that misses
+  still scales out (reactively), in fallback too.
+- Scale in only on measured load (AWS predictive scaling's rule): only when the highest
+  load measured over `scale_in_after_s` needs fewer replicas, and the forecast has not
+  asked for more over that window either. A forecast alone never removes a replica.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from adaptive.config import BatchConfig
+from adaptive.fleet import FleetView
+from adaptive.optimizer import ConfigOptimizer
+from adaptive.policy import Decision, Snapshot
+from adaptive.predictive import PredictivePolicy
+from adaptive.warmup import buckets_through
+from forecaster.forecast import Forecast
+from forecaster.models import Forecaster
+from tidal_base.errors import InvalidInput
+
+
+@dataclass
+class JointPolicy:
+    """A planning policy for batches, sized per replica, and the replica count beside it."""
+
+    batching: PredictivePolicy  # its optimiser compiled for one replica
+    startup_s: float
+    headroom: float = 0.8
+    scale_in_after_s: float = 600.0
+    spec_text: str = "predictive:replicas=plan"
+    _measured: deque[tuple[float, float, int]] = field(default_factory=deque, init=False)
+    _scaled: tuple[Forecast, int, Forecast] | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.headroom <= 1:
+            raise InvalidInput(f"headroom must be in (0, 1], got {self.headroom}")
+        if self.scale_in_after_s < 0:
+            raise InvalidInput(f"scale_in must be >= 0, got {self.scale_in_after_s}")
+        optimizer = self.batching.optimizer
+        # What one replica serves within the SLO at its best config, with headroom.
+        self.replica_rps = self.headroom * max(
+            optimizer.capacity_rps(int(cap)) for cap in np.unique(optimizer.table.caps)
+        )
+        if self.replica_rps <= 0:
+            raise InvalidInput("no config is predicted to meet the SLO on one replica")
+
+    # -- the ForecastingPolicy seam, delegated ----------------------------------------
+
+    @property
+    def spec(self) -> str:
+        return self.spec_text
+
+    @property
+    def forecaster(self) -> Forecaster:
+        return self.batching.forecaster
+
+    @property
+    def forecast_step_s(self) -> float:
+        return self.batching.forecast_step_s
+
+    @property
+    def uses_events(self) -> bool:
+        return self.batching.uses_events
+
+    @property
+    def history_s(self) -> float:
+        return self.batching.history_s
+
+    @property
+    def optimizer(self) -> ConfigOptimizer:
+        return self.batching.optimizer
+
+    def initial_config(self) -> BatchConfig:
+        return self.batching.initial_config()
+
+    def horizon_s(self, warmup_s: float, tick_s: float, reload_s: float = 0.0) -> float:
+        """Far enough to see a rise a new replica must be started for."""
+        batching = self.batching.horizon_s(warmup_s, tick_s, reload_s)
+        return max(batching, self._lead_s(warmup_s, tick_s))
+
+    # -- deciding ---------------------------------------------------------------------
+
+    def decide(self, snapshot: Snapshot) -> Decision:
+        fleet = snapshot.fleet
+        if fleet is None:  # a fixed fleet: batches only, for one replica's share
+            return self.batching.decide(self._per_replica(snapshot, snapshot.workers))
+        ready = max(1, fleet.ready)
+        batches = self.batching.decide(self._per_replica(snapshot, ready))
+        replicas, why = self._replicas(snapshot, fleet)
+        reason = batches.reason if why is None else f"{why}; {batches.reason}"
+        return replace(batches, reason=reason, replicas=replicas)
+
+    def replicas_for(self, rate_rps: float) -> int:
+        return max(1, math.ceil(rate_rps / self.replica_rps - 1e-9))
+
+    def _lead_s(self, warmup_s: float, tick_s: float) -> float:
+        warm_s = len(buckets_through(self.batching.optimizer.largest_cap)) * warmup_s
+        return self.startup_s + warm_s + self.batching.forecast_step_s + 2 * tick_s
+
+    def _replicas(self, snapshot: Snapshot, fleet: FleetView) -> tuple[int, str | None]:
+        now_rps = snapshot.observation.arrival_rate_rps
+        lead_s = self._lead_s(snapshot.warmup_s, snapshot.tick_s)
+        ahead_rps, at_s = self._upper_ahead(snapshot, lead_s)
+        need_ahead = self.replicas_for(ahead_rps)
+        need_now = self.replicas_for(now_rps)
+        # Both the load measured and what the forecast asked for, over the scale-in
+        # window: a replica goes only when neither has wanted it for that long.
+        self._measured.append((snapshot.now, now_rps, max(need_ahead, need_now)))
+        while self._measured[0][0] < snapshot.now - self.scale_in_after_s:
+            self._measured.popleft()
+        desired = fleet.desired
+        if max(need_ahead, need_now) > desired:
+            wanted = max(need_ahead, need_now)
+            source = (
+                f"forecast upper bound {ahead_rps:.0f} req/s at +{at_s:.0f} s"
+                if need_ahead >= need_now
+                else f"{now_rps:.0f} req/s measured now"
+            )
+            return wanted, (
+                f"{source} needs {wanted} replicas ({self.replica_rps:.0f} req/s each): "
+                f"starting {wanted - desired} (serving in about {lead_s:.0f} s)"
+            )
+        peak_rps = max(rate for _, rate, _ in self._measured)
+        wanted = max(self.replicas_for(peak_rps), max(need for _, _, need in self._measured))
+        if wanted < desired:
+            return wanted, (
+                f"the highest load measured over the last {self.scale_in_after_s:.0f} s "
+                f"({peak_rps:.0f} req/s) and the forecast over it need {wanted} replicas: "
+                f"releasing {desired - wanted}"
+            )
+        return desired, None
+
+    def _upper_ahead(self, snapshot: Snapshot, lead_s: float) -> tuple[float, float]:
+        """The forecast's highest upper bound within `lead_s`, and how far ahead it is."""
+        forecast = snapshot.forecast
+        if forecast is None:
+            return 0.0, 0.0
+        ahead = forecast.times_s - snapshot.now
+        within = ahead <= lead_s
+        if not within.any():
+            return 0.0, 0.0
+        upper = forecast.upper_rps[within]
+        peak = int(np.argmax(upper))
+        return float(upper[peak]), max(0.0, float(ahead[within][peak]))
+
+    def _per_replica(self, snapshot: Snapshot, replicas: int) -> Snapshot:
+        """The pool as one replica of `replicas` sees it: its share of the load now and
+        of the forecast (the optimiser is compiled for one replica)."""
+        if replicas <= 1:
+            return snapshot
+        observation = snapshot.observation
+        share = replace(observation, rate_rps=observation.arrival_rate_rps / replicas)
+        return replace(snapshot, observation=share, forecast=self._share(snapshot, replicas))
+
+    def _share(self, snapshot: Snapshot, replicas: int) -> Forecast | None:
+        forecast = snapshot.forecast
+        if forecast is None:
+            return None
+        cached = self._scaled
+        if cached is not None and cached[0] is forecast and cached[1] == replicas:
+            return cached[2]
+        scaled = replace(
+            forecast,
+            mean=forecast.mean / replicas,
+            lower=forecast.lower / replicas,
+            upper=forecast.upper / replicas,
+        )
+        self._scaled = (forecast, replicas, scaled)
+        return scaled
