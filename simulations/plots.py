@@ -25,7 +25,8 @@ def write_plots(report: SimulationReport, out_dir: Path) -> list[Path]:
 
 
 def _plot_control(report: SimulationReport, path: Path) -> None:
-    """One row per policy: load with its forecast band, the batch config, p99 vs SLO."""
+    """One row per policy: load with its forecast band (and the replicas, on a fleet
+    that scales), the batch config, p99 vs SLO."""
     count = len(report.results)
     fig, axes = plt.subplots(count, 3, figsize=(16, 2.8 * count), sharex=True, squeeze=False)
     for (load, config, p99), result in zip(axes, report.results, strict=True):
@@ -38,6 +39,10 @@ def _plot_control(report: SimulationReport, path: Path) -> None:
         load.fill_between(hours, mean, upper, alpha=0.3, label="to upper bound")
         load.set(ylabel="req/s", title=result.policy)
         load.legend(fontsize=6)
+        if report.scaling:  # the fleet that served it, on the same time axis
+            fleet = load.twinx()
+            fleet.step(hours, [r.replicas for r in rows], lw=0.8, color="black")
+            fleet.set_ylabel("replicas", fontsize=7)
         config.step(hours, [r.max_batch_size for r in rows], lw=0.8, label="cap asked")
         config.step(hours, [r.served_max_batch for r in rows], lw=0.8, label="cap served")
         config.set(ylabel="max batch", yscale="log", title="batch cap and timeout")
