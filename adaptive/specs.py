@@ -160,8 +160,7 @@ def _plans_replicas(spec: PolicySpec, context: PolicyContext) -> bool:
         raise InvalidInput(f"policy {spec.text!r}: replicas must be fixed or plan, got {mode!r}")
     if mode == "plan" and context.replica_table is None:
         raise InvalidInput(
-            f"policy {spec.text!r} plans replicas: give the fleet room to scale "
-            "(simulate --max-replicas)"
+            f"policy {spec.text!r} plans replicas: give the fleet room to scale (--max-replicas)"
         )
     return mode == "plan"
 

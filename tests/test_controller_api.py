@@ -12,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from redis_server import redis_server
 
 from adaptive.bus import WorkerStats
+from adaptive.fleet import FleetLimits
 from adaptive.latency import parse_latency_model
 from server.bus.local import LocalPoolBus
 from server.bus.redis_bus import RedisBus, connect
@@ -31,9 +32,14 @@ async def running(
     token: str | None = TOKEN,
     name: str = "c1",
     protect_reads: bool = False,
+    fleet: FleetLimits | None = None,
 ):
     plan = PoolPlan(
-        pool="p", policy=policy, latency=parse_latency_model("linear:5,0.4"), tick_s=0.05
+        pool="p",
+        policy=policy,
+        latency=parse_latency_model("linear:5,0.4"),
+        tick_s=0.05,
+        fleet=fleet,
     )
     registry = CollectorRegistry()
     metrics = ControllerMetrics(registry)
@@ -273,3 +279,31 @@ def test_a_negative_seed_and_a_non_finite_event_are_422_with_json_bodies():
     assert seed.status_code == 422 and seed.json()["field"] == "seed"
     assert event.status_code == 422 and event.json()["field"] == "events"
     assert "multiplier" in event.json()["error"]
+
+
+def test_a_fleet_that_scales_says_how_many_replicas_it_wants():
+    """--max-replicas live: the policy's count is in the pool's summary, its decisions
+    and /metrics (tidal_controller_desired_replicas), for an autoscaler to act on."""
+    busy = "serve-autoscaler:target_ongoing=1,upscale_delay=0s,look_back=1s"
+
+    async def scenario():
+        bus = LocalPoolBus()
+        async with running(bus, policy=busy, fleet=FleetLimits(1, 6)) as (_control, api):
+            before = (await api.get("/v1/pools/p")).json()["desired_replicas"]
+            await bus.heartbeat("p", "w", {"replicas": 1}, 5.0)
+            for _ in range(10):  # a queue of 4 on one replica: 4 ongoing for 1 each
+                stats = WorkerStats("w", 0.05, 5, 5, 0, (), 0.0, ((1, 5),), 0.01, 4, 8, None, 1)
+                await bus.publish_worker_stats("p", stats)
+                await asyncio.sleep(0.05)
+            summary = (await api.get("/v1/pools/p")).json()
+            decisions = (await api.get("/v1/pools/p/decisions")).json()["decisions"]
+            text = (await api.get("/metrics")).text
+        return before, summary, decisions, text
+
+    before, summary, decisions, text = asyncio.run(scenario())
+    assert before == 1 and summary["desired_replicas"] >= 4
+    out = next(d for d in decisions if d["kind"] == "scale_out")
+    assert out["replicas_before"] == 1 and "ongoing requests" in out["reason"]
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    gauge = families["tidal_controller_desired_replicas"].samples[0]
+    assert gauge.labels == {"pool": "p"} and gauge.value == summary["desired_replicas"]

@@ -27,6 +27,9 @@ from server.cli import main
         (["--policy", "statc:max_batch=8"], "unknown policy 'statc'"),
         (["--shadow", "aimd:speed=3"], "unknown option 'speed'"),
         (["--lease", "0"], "--lease"),
+        (["--max-replicas", "2", "--workers", "5"], "--workers 5 must be within"),
+        (["--replica-startup", "90s"], "need --max-replicas"),
+        (["--policy", "predictive:replicas=plan"], "room to scale (--max-replicas)"),
     ],
 )
 def test_bad_controller_input_is_one_line_and_exit_2(argv, message, capsys):

@@ -247,4 +247,4 @@ def test_a_joint_policy_needs_a_fleet_that_can_scale(capsys, tmp_path):
     trace = tmp_path / "t.csv"
     trace.write_text("timestamp,count\n" + "".join(f"{s},100\n" for s in range(30)))
     assert simulate(["--trace", str(trace), "--policy", "predictive:replicas=plan"]) == 2
-    assert "simulate --max-replicas" in capsys.readouterr().err
+    assert "room to scale (--max-replicas)" in capsys.readouterr().err

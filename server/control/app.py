@@ -296,6 +296,8 @@ async def _summary(control: PoolControl) -> dict[str, Any]:
         "this_controller": {"name": control.holder, "leading": state.leader},
         "ready": state.ready,
         "workers_alive": state.workers_alive,
+        # A fleet that scales (--max-replicas): how many replicas the pool should have.
+        "desired_replicas": controller.replicas,
         "engines": dict(sorted(state.engines.items())),
         "refusing": state.refusing,
         "unplanned_reloads": state.unplanned_reloads,

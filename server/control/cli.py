@@ -22,6 +22,7 @@ from pathlib import Path
 import uvicorn
 from prometheus_client import CollectorRegistry
 
+from adaptive.fleet import FleetLimits
 from adaptive.latency import parse_latency_model
 from forecaster.events import load_events
 from server.api_token import TOKEN_ENV, api_token
@@ -87,6 +88,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         default=Routing.ROUND_ROBIN.value,
         help="how the load balancer spreads requests (default round-robin)",
     )
+    pool.add_argument(
+        "--max-replicas",
+        type=positive_int_arg,
+        help="the replica count is the policy's to plan, up to N (from --workers): the "
+        "API and /metrics (tidal_controller_desired_replicas) say how many the pool "
+        "should have, for an autoscaler to act on",
+    )
+    pool.add_argument(
+        "--min-replicas", type=positive_int_arg, help="with --max-replicas: the fewest (1)"
+    )
+    pool.add_argument(
+        "--replica-startup",
+        type=duration_arg,
+        default=0.0,
+        help="with --max-replicas: time from asking for a replica to its model loaded",
+    )
     pool.add_argument("--events", type=Path, help="declared traffic events (YAML or JSON)")
     pool.add_argument("--guard", default="", help="guardrails, e.g. min_batch=4,dwell=60s")
     api = parser.add_argument_group("API")
@@ -130,7 +147,22 @@ def plan_from(args: argparse.Namespace) -> PoolPlan:
         guardrails=parse_guardrails(args.guard),
         shadow=args.shadow,
         lease_s=args.lease,
+        fleet=_fleet_limits(args),
     )
+
+
+def _fleet_limits(args: argparse.Namespace) -> FleetLimits | None:
+    if args.max_replicas is None:
+        if args.min_replicas is not None or args.replica_startup:
+            raise InvalidInput("--min-replicas and --replica-startup need --max-replicas")
+        return None
+    limits = FleetLimits(args.min_replicas or 1, args.max_replicas, args.replica_startup)
+    if limits.clamp(args.workers) != args.workers:
+        raise InvalidInput(
+            f"--workers {args.workers} must be within the replica limits "
+            f"({limits.min_replicas}-{limits.max_replicas})"
+        )
+    return limits
 
 
 def run_controller(args: argparse.Namespace) -> int:

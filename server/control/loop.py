@@ -34,6 +34,7 @@ from adaptive.clock import Clock
 from adaptive.config import BatchConfig
 from adaptive.controller import Controller
 from adaptive.decisions import DecisionRecord
+from adaptive.fleet import FleetView
 from server.bus.protocols import PoolBus
 from server.clock import LoopClock
 
@@ -303,8 +304,12 @@ def _step(
     # still counts for the replicas it reports.
     reporting = sum({r.worker: r.replicas for r in reports}.values())
     workers = max(alive, reporting)
+    fleet = None
+    if controller.replicas is not None:  # a fleet that scales: what has joined so far
+        desired = controller.replicas
+        fleet = FleetView(workers, max(0, desired - workers), desired)
     try:
-        return controller.step(now, observe_pool(reports, now, tick_s, workers))
+        return controller.step(now, observe_pool(reports, now, tick_s, workers), fleet)
     except Exception as error:
         raise TickFailed("step", error) from error
 

@@ -69,6 +69,11 @@ class _PoolCollector:
                     "Members whose engine refused a newer config and serve an older one.",
                 ),
                 ("forecast_error_requests_per_second", "Actual minus forecast mean, last step."),
+                (
+                    "desired_replicas",
+                    "Replicas the pool should have (a fleet that scales: --max-replicas); "
+                    "an HPA or KEDA external metric can act on it.",
+                ),
             )
         }
         forecast = GaugeMetricFamily(
@@ -119,6 +124,8 @@ class _PoolCollector:
             malformed.add_metric([pool], state.malformed_stats)
             for engine, count in sorted(state.engines.items()):
                 members.add_metric([pool, engine], count)
+            if controller.replicas is not None:
+                values["desired_replicas"] = controller.replicas
             feed = controller.feed
             if feed is not None and feed.last_error_rps is not None:
                 values["forecast_error_requests_per_second"] = feed.last_error_rps

@@ -26,6 +26,7 @@ from redis.exceptions import RedisError
 from adaptive.config import BatchConfig
 from adaptive.controller import Controller, ControllerSettings, Override
 from adaptive.decisions import config_dict
+from adaptive.fleet import FleetLimits
 from adaptive.guards import Guardrails
 from adaptive.latency import LatencyModel
 from adaptive.policy import Policy
@@ -65,6 +66,7 @@ class PoolPlan:
     guardrails: Guardrails = field(default_factory=Guardrails)
     shadow: str | None = None
     lease_s: float = 3.0
+    fleet: FleetLimits | None = None  # None: `workers` throughout
 
     @property
     def pool_settings(self) -> PoolSettings:
@@ -229,7 +231,17 @@ class PoolControl:
                 plan.latency, plan.workers, slo_s, plan.warmup_s > 0, plan.routing
             )
 
-        return PolicyContext(slo_s=plan.slo_s, workers=plan.workers, table=table)
+        def replica_table(slo_s: float):
+            return performance_table(plan.latency, 1, slo_s, plan.warmup_s > 0, plan.routing)
+
+        fleet = plan.fleet
+        return PolicyContext(
+            slo_s=plan.slo_s,
+            workers=plan.workers,
+            table=table,
+            replica_table=replica_table if fleet is not None else None,
+            replica_startup_s=fleet.startup_s if fleet is not None else 0.0,
+        )
 
     async def build_policy(self, spec: str) -> Policy:
         """The policy a spec names; InvalidInput names the spec and option. Compiling the
@@ -254,6 +266,7 @@ class PoolControl:
             events=self.events,
             guardrails=plan.guardrails,
             defer_fits=True,
+            fleet=plan.fleet,
         )
         controller = Controller(policy, settings, shadow=shadow)
         controller.pin(self._override())
