@@ -40,6 +40,7 @@ class Override:
     config: BatchConfig
     until_s: float
     reason: str = ""
+    replicas: int | None = None  # a replica count pinned too (a fleet that scales)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +126,27 @@ class Controller:
         if override is not None and override.config != self.config:
             self.config_changes += 1
             self.config = override.config
+        self._pin_replicas()
+
+    def _replicas_wanted(self, decision: Decision) -> int | None:
+        """The replica count after this tick: an operator's pin, else the policy's within
+        the limits; None to keep it (a fixed fleet, or a policy with no opinion)."""
+        if self.replicas is None:
+            return None
+        if self.override is not None and self.override.replicas is not None:
+            return self.override.replicas
+        if decision.replicas is None:
+            return None
+        return self.settings.fleet.clamp(decision.replicas)
+
+    def _pin_replicas(self) -> None:
+        """An operator's replica count holds while the pin does, past the limits."""
+        override = self.override
+        if override is None or override.replicas is None or self.replicas is None:
+            return
+        if override.replicas != self.replicas:
+            self.replica_changes += 1
+            self.replicas = override.replicas
 
     def set_events(self, events: tuple[Event, ...]) -> None:
         self.settings = replace(self.settings, events=events)
@@ -246,10 +268,10 @@ class Controller:
             self.config = chosen
             self._changed_at = now
         replicas_before = self.replicas
-        if replicas_before is not None and decision.replicas is not None:
-            self.replicas = self.settings.fleet.clamp(decision.replicas)
-            if self.replicas != replicas_before:
-                self.replica_changes += 1
+        wanted = self._replicas_wanted(decision)
+        if wanted is not None and wanted != replicas_before:
+            self.replica_changes += 1
+            self.replicas = wanted
         if self.mode is Mode.FALLBACK:
             self.fallback_s += self.settings.tick_s
         reason = decision.reason

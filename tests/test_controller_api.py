@@ -307,3 +307,22 @@ def test_a_fleet_that_scales_says_how_many_replicas_it_wants():
     families = {f.name: f for f in text_string_to_metric_families(text)}
     gauge = families["tidal_controller_desired_replicas"].samples[0]
     assert gauge.labels == {"pool": "p"} and gauge.value == summary["desired_replicas"]
+
+
+def test_an_operator_pins_a_replica_count_like_a_config():
+    pin = {"max_batch": 8, "timeout_ms": 5, "duration": "1h", "replicas": 3}
+
+    async def scenario():
+        async with running(LocalPoolBus(), fleet=FleetLimits(1, 6)) as (_control, api):
+            pinned = await api.put("/v1/pools/p/override", json=pin, headers=AUTH)
+            await asyncio.sleep(0.2)  # a few ticks: the policy has no say while pinned
+            held = (await api.get("/v1/pools/p")).json()
+        async with running(LocalPoolBus()) as (_control, api):
+            fixed = await api.put("/v1/pools/p/override", json=pin, headers=AUTH)
+        return pinned, held, fixed
+
+    pinned, held, fixed = asyncio.run(scenario())
+    assert pinned.status_code == 200 and pinned.json()["override"]["replicas"] == 3
+    assert held["desired_replicas"] == 3 and held["mode"] == "override"
+    assert fixed.status_code == 422 and fixed.json()["field"] == "replicas"
+    assert "--max-replicas" in fixed.json()["error"]

@@ -45,6 +45,9 @@ class OverrideRequest(BaseModel):
     warm_max_batch: int = Field(default=0, ge=0, le=65536)
     duration: str | float = Field(description='how long the pin holds: "15m", "2h" or seconds')
     reason: str = Field(default="", max_length=500)
+    replicas: int | None = Field(
+        default=None, ge=1, le=100_000, description="pin the replica count too (--max-replicas)"
+    )
 
 
 class EventsRequest(BaseModel):
@@ -164,7 +167,7 @@ def create_app(
         except InvalidInput as error:
             raise ApiError(422, str(error), "max_batch") from None
         for_s = _duration(body.duration, "duration")
-        pinned = await _bus_call(control.pin(config, for_s, body.reason))
+        pinned = await _bus_call(control.pin(config, for_s, body.reason, body.replicas), "replicas")
         return {"pool": pool, "override": pinned.to_dict()}
 
     @app.delete("/v1/pools/{pool}/override", tags=["steer"], dependencies=write)

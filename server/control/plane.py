@@ -82,14 +82,26 @@ class PinnedConfig:
     config: BatchConfig
     until: float
     reason: str = ""
+    replicas: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {**config_dict(self.config), "until": self.until, "reason": self.reason}
+        return {
+            **config_dict(self.config),
+            "until": self.until,
+            "reason": self.reason,
+            "replicas": self.replicas,
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PinnedConfig:
         config = BatchConfig(int(d["max_batch"]), d["timeout_ms"] / 1e3, d["warm_max_batch"])
-        return cls(config, float(d["until"]), str(d.get("reason", "")))
+        replicas = d.get("replicas")
+        return cls(
+            config,
+            float(d["until"]),
+            str(d.get("reason", "")),
+            None if replicas is None else int(replicas),
+        )
 
 
 class PoolControl:
@@ -305,7 +317,7 @@ class PoolControl:
         if self.pinned is None:
             return None
         until_s = self.pinned.until - self.origin_s
-        return Override(self.pinned.config, until_s, self.pinned.reason)
+        return Override(self.pinned.config, until_s, self.pinned.reason, self.pinned.replicas)
 
     # -- operator changes ------------------------------------------------------------
 
@@ -328,9 +340,16 @@ class PoolControl:
         if persist:
             await self.bus.save_setting(self.pool, "policy", self.policy_spec)
 
-    async def pin(self, config: BatchConfig, for_s: float, reason: str) -> PinnedConfig:
+    async def pin(
+        self, config: BatchConfig, for_s: float, reason: str, replicas: int | None = None
+    ) -> PinnedConfig:
+        if replicas is not None and self.plan.fleet is None:
+            raise InvalidInput(
+                f"pool {self.pool!r} has a fixed fleet: start its controller with "
+                "--max-replicas to pin a replica count"
+            )
         async with self._lock:
-            self.pinned = PinnedConfig(config, time.time() + for_s, reason)
+            self.pinned = PinnedConfig(config, time.time() + for_s, reason, replicas)
             self.controller.pin(self._override())
             await self.loop.publish_if_changed()  # a pin applies at once, not next tick
             await self.bus.save_setting(self.pool, "override", self.pinned.to_dict())
