@@ -30,7 +30,7 @@ from adaptive.fleet import FleetView
 from adaptive.optimizer import ConfigOptimizer
 from adaptive.policy import Decision, Snapshot
 from adaptive.predictive import PredictivePolicy
-from adaptive.warmup import buckets_through
+from adaptive.warmup import warm_time_s
 from forecaster.forecast import Forecast
 from forecaster.models import Forecaster
 from tidal_base.errors import InvalidInput
@@ -111,7 +111,7 @@ class JointPolicy:
         return max(1, math.ceil(rate_rps / self.replica_rps - 1e-9))
 
     def _lead_s(self, warmup_s: float, tick_s: float) -> float:
-        warm_s = len(buckets_through(self.batching.optimizer.largest_cap)) * warmup_s
+        warm_s = warm_time_s(0, self.batching.optimizer.largest_cap, warmup_s)
         return self.startup_s + warm_s + self.batching.forecast_step_s + 2 * tick_s
 
     def _replicas(self, snapshot: Snapshot, fleet: FleetView) -> tuple[int, str | None]:

@@ -37,8 +37,9 @@ def buckets_through(cap: int) -> tuple[int, ...]:
 
 @functools.cache
 def buckets_to_warm(warm_cap: int, cap: int) -> tuple[int, ...]:
-    """The buckets missing to go from serving `warm_cap` to serving `cap`."""
-    have = bucket_for(warm_cap)
+    """The buckets missing to go from serving `warm_cap` to serving `cap`; a `warm_cap`
+    of 0 (nothing warm, a fresh replica) misses every bucket, 1 included."""
+    have = bucket_for(warm_cap) if warm_cap else 0
     return tuple(b for b in buckets_through(cap) if b > have)
 
 
@@ -119,7 +120,7 @@ class WarmupTracker:
         return WarmupStatus(warmed, tuple(b for b, _ in self._pending))
 
     def _missing(self, cap: int) -> tuple[int, ...]:
-        return buckets_to_warm(self._warm_top, cap) if self._warm_top else buckets_through(cap)
+        return buckets_to_warm(self._warm_top, cap)
 
     def _advance(self, now: float) -> None:
         while self._pending and self._pending[0][1] <= now:

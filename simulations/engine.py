@@ -24,7 +24,7 @@ from adaptive.histogram import (
     NUM_BUCKETS,
 )
 from adaptive.latency import LatencyModel, max_feasible_batch
-from adaptive.warmup import WarmupStatus, WarmupTracker, bucket_for, buckets_through
+from adaptive.warmup import WarmupStatus, WarmupTracker, bucket_for, warm_time_s
 from simulations import kernel as k
 from tidal_base.errors import InvalidInput
 
@@ -252,8 +252,8 @@ class SimulatedPool:
         change = replicas - int(self._provisioned.sum())
         if change > 0:
             # A fresh replica has nothing warm: every bucket up to the target, 1 included.
-            warm_s = len(buckets_through(self._requested_cap)) * self.settings.warmup_s
-            warm_s = warm_s if self._requested_cap else 0.0
+            cap = self._requested_cap  # 0 until the first tick asked for a warm target
+            warm_s = warm_time_s(0, cap, self.settings.warmup_s) if cap else 0.0
             for _ in range(change):
                 self._start_replica(now + limits.startup_s + warm_s)
         for _ in range(-change):
