@@ -36,6 +36,10 @@ import tempfile
 import time
 from pathlib import Path
 
+# The same count as the policy-gains benchmark: requests over the SLO (or shed) in
+# timeline windows that overlap a declared sale (this folder is on sys.path).
+from policy_gains import spike_violations
+
 from adaptive.fleet import FleetLimits
 from adaptive.latency import parse_latency_model
 from adaptive.specs import build_policy
@@ -82,16 +86,6 @@ def run(
     return simulate(trace, [build_policy(s, context) for s in specs], settings, latency)
 
 
-def sale_violations(result: PolicyResult, events: tuple[Event, ...], origin_s: float) -> int:
-    """Requests over the SLO (or shed) in timeline windows that overlap a declared sale."""
-    spans = [(e.start_s - origin_s, e.end_s - origin_s) for e in events]
-    return sum(
-        row.completed + row.shed - row.within_slo
-        for row in result.timeline
-        if any(row.start_s < end and row.end_s > start for start, end in spans)
-    )
-
-
 def figures(result: PolicyResult, events: tuple[Event, ...], origin_s: float) -> dict:
     p99 = result.latency.p99_s
     return {
@@ -100,7 +94,7 @@ def figures(result: PolicyResult, events: tuple[Event, ...], origin_s: float) ->
         "replica_changes": result.replica_changes,
         "slo_attainment": round(result.slo_attainment, 6),
         "slo_attainment_worst_10min": round(result.worst_window_attainment(600.0), 6),
-        "sale_violations": sale_violations(result, events, origin_s),
+        "sale_violations": spike_violations(result, events, origin_s),
         "p99_ms": None if p99 is None else round(p99 * 1e3, 2),
         "busy_seconds_per_1k": round(result.busy_seconds_per_1k, 5),
         "wall_s": round(result.wall_s, 1),
