@@ -40,6 +40,7 @@ from server.engines.ray_serve import (
     tidal_batch,
     timed_call,
 )
+from server.engines.ray_serve_replicas import tidal_autoscaling_config
 from server.worker.models import ServedModel, load_model
 from tidal_base.errors import InvalidInput
 
@@ -124,11 +125,20 @@ def build(
     replicas: int = 2,
     max_ongoing_requests: int = MAX_ONGOING_REQUESTS,
     num_cpus: float = 1.0,
+    max_replicas: int | None = None,
 ):
-    """The deployment for `pool` on `redis_url`, bound: what `serve.run` takes."""
+    """The deployment for `pool` on `redis_url`, bound: what `serve.run` takes. With
+    `max_replicas`, Tidal's controller sets the replica count (from `replicas` up to
+    `max_replicas`) through Serve's autoscaler; otherwise `replicas` is fixed."""
     env = {POOL_ENV: pool, REDIS_URL_ENV: redis_url, REDIS_PREFIX_ENV: redis_prefix}
+    count: dict[str, Any] = {"num_replicas": replicas}
+    if max_replicas is not None:
+        scaling = tidal_autoscaling_config(
+            pool, redis_url, replicas, max_replicas, redis_prefix=redis_prefix
+        )
+        count = {"autoscaling_config": scaling}
     return DemoCnn.options(
-        num_replicas=replicas,
+        **count,
         max_ongoing_requests=max_ongoing_requests,
         ray_actor_options={"num_cpus": num_cpus, "runtime_env": {"env_vars": env}},
     ).bind()

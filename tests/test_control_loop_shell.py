@@ -12,6 +12,7 @@ from virtual_time import run_virtual
 from adaptive.bus import WorkerStats
 from adaptive.config import BatchConfig
 from adaptive.controller import Controller, ControllerSettings, Override
+from adaptive.fleet import FleetLimits
 from adaptive.guards import Guardrails
 from adaptive.specs import PolicyContext, build_policy
 from server.bus.local import LocalPoolBus
@@ -167,3 +168,42 @@ def test_a_failing_step_is_counted_by_stage_shown_and_retried_until_it_recovers(
     assert not ready and errors["step"] >= 3 and "a bug in a policy" in last_error
     assert recovered == (True, None)
     assert "tick failed at step" in caplog.text and "ZeroDivisionError" in caplog.text
+
+
+def test_the_leader_publishes_desired_replicas_on_change_and_a_new_leader_restates_them():
+    async def scenario():
+        bus = LocalPoolBus()
+        policy = build_policy("static:max_batch=8,timeout=1ms", PolicyContext(0.1, 2))
+        settings = ControllerSettings(pool=POOL, workers=2, fleet=FleetLimits(1, 4))
+        loop = ControlLoop(Controller(policy, settings), bus, "c1", 3.0)
+        seen = []
+        async with running(worker(bus, "w1"), worker(bus, "w2")):
+            await loop.tick()
+            seen.append(await bus.desired_replicas(POOL))
+            loop.controller.pin(Override(BatchConfig(8, 0.001), until_s=1e9, replicas=3))
+            await loop.publish_if_changed()
+            seen.append(await bus.desired_replicas(POOL))
+            await bus.publish_desired_replicas(POOL, 0)  # a bus that lost or garbled it
+            await loop.tick()
+            seen.append(await bus.desired_replicas(POOL))  # unchanged here: not rewritten
+            await asyncio.sleep(3.5)  # the lease lapses and c2 leads for a while
+            assert await bus.acquire_or_renew_lease(POOL, "c2", 3.0)
+            await loop.tick()
+            assert not loop.state.leader
+            await asyncio.sleep(3.5)  # c2 is gone: c1 leads again and restates the count
+            await loop.tick()
+            seen.append(await bus.desired_replicas(POOL))
+        return seen
+
+    assert run_virtual(scenario()) == [2, 3, 0, 3]
+
+
+def test_a_fixed_fleet_publishes_no_replica_count():
+    async def scenario():
+        bus = LocalPoolBus()
+        loop = control_loop(bus)
+        async with running(worker(bus, "w1")):
+            await loop.tick()
+        return await bus.desired_replicas(POOL)
+
+    assert run_virtual(scenario()) is None

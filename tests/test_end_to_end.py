@@ -34,6 +34,7 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
+from processes import wait_for
 from prometheus_client.parser import text_string_to_metric_families
 from redis_server import RedisProcess, free_port
 
@@ -51,19 +52,6 @@ def tidal(*argv: str, log: Path) -> subprocess.Popen:
         stderr=subprocess.STDOUT,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
-
-
-def wait_for(condition, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            value = condition()
-        except httpx.HTTPError:
-            value = None
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def write_trace(path: Path) -> None:

@@ -41,6 +41,7 @@ class _Pool:
         self.decisions: deque[dict[str, Any]] = deque(maxlen=decisions_maxlen)
         self.lease: tuple[str, float] | None = None
         self.settings: dict[str, Any] = {}
+        self.desired_replicas: int | None = None
 
 
 class LocalPoolBus:
@@ -118,6 +119,12 @@ class LocalPoolBus:
         for worker in [w for w, (expires, _) in beats.items() if expires <= now]:
             del beats[worker]
         return {worker: info for worker, (_, info) in beats.items()}
+
+    async def publish_desired_replicas(self, pool: str, replicas: int) -> None:
+        self._pool(pool).desired_replicas = replicas
+
+    async def desired_replicas(self, pool: str) -> int | None:
+        return self._pool(pool).desired_replicas
 
     async def record_decision(self, pool: str, record: dict[str, Any]) -> str:
         self._pool(pool).decisions.append(record)

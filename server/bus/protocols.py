@@ -73,6 +73,15 @@ class ControllerBus(Protocol):
         """Each worker whose heartbeat has not expired, with its last `info`."""
         ...
 
+    async def publish_desired_replicas(self, pool: str, replicas: int) -> None:
+        """Store how many replicas the pool should have (a fleet that scales), for the
+        engine's autoscaler to act on; it holds until the next publish."""
+        ...
+
+    async def desired_replicas(self, pool: str) -> int | None:
+        """The stored desired replica count; None before any was published."""
+        ...
+
 
 class PoolHistory(Protocol):
     """What outlives a controller: per-second traffic and the decision log."""

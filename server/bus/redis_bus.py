@@ -13,6 +13,8 @@ Keys live under a prefix (`tidal` by default), per pool:
     {prefix}:{pool}:decisions       stream (capped): the controller's decision records
     {prefix}:{pool}:leader          the controller lease (SET NX PX, renewed)
     {prefix}:{pool}:settings        hash: operator settings (policy, override, events), JSON
+    {prefix}:{pool}:replicas        JSON: the replica count the pool should have (a fleet
+                                    that scales), when it was set, by which controller
 
 A config is written with its version by a script that refuses anything not newer, so
 versions never go backwards whoever writes; workers apply only newer versions and read
@@ -51,6 +53,25 @@ return 0
 """
 
 
+def pool_key(prefix: str, pool: str, *parts: str) -> str:
+    """A pool's key: what `RedisBus` and an engine's own reader (Ray Serve's autoscaling
+    policy reads the desired replicas with a synchronous client) both address."""
+    return ":".join((prefix, pool, *parts))
+
+
+def parse_desired_replicas(text: str | None) -> int | None:
+    """The count in a stored `replicas` value; None when absent or not a count >= 0."""
+    if text is None:
+        return None
+    try:
+        replicas = json.loads(text)["replicas"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
+        return None
+    return replicas
+
+
 def connect(url: str) -> redis.Redis:
     """A client for `redis://[user:password@]host:port/db` or `rediss://` (TLS)."""
     return redis.Redis.from_url(url, decode_responses=True, health_check_interval=10)
@@ -76,7 +97,7 @@ class RedisBus:
         self._renew_if_held = client.register_script(_RENEW_IF_HELD)
 
     def key(self, pool: str, *parts: str) -> str:
-        return ":".join((self.prefix, pool, *parts))
+        return pool_key(self.prefix, pool, *parts)
 
     # -- configs ---------------------------------------------------------------------
 
@@ -184,6 +205,13 @@ class RedisBus:
         return {n: json.loads(v) for n, v in zip(names, values, strict=True) if v is not None}
 
     # -- decisions and leadership ------------------------------------------------------
+
+    async def publish_desired_replicas(self, pool: str, replicas: int) -> None:
+        value = {"replicas": int(replicas), "at": time.time()}
+        await self.client.set(self.key(pool, "replicas"), json.dumps(value))
+
+    async def desired_replicas(self, pool: str) -> int | None:
+        return parse_desired_replicas(await self.client.get(self.key(pool, "replicas")))
 
     async def record_decision(self, pool: str, record: dict[str, Any]) -> str:
         return await self.client.xadd(

@@ -107,6 +107,7 @@ class ControlLoop:
         # newer versions, so publishing below what they run would be ignored).
         self._seen_version = 0
         self._published: BatchConfig | None = None
+        self._published_replicas: int | None = None
         self._cursor = "$"  # only stats that arrive from now on
         self._refit: asyncio.Task | None = None
         self._replicas = 0
@@ -150,16 +151,23 @@ class ControlLoop:
             self.observer(self, record)
 
     async def publish_if_changed(self) -> None:
-        """As leader, publish the controller's config if it differs from what this
-        controller last published (a decision, a pin, a policy switch)."""
-        config = self.controller.config
-        if not self.state.leader or config == self._published:
+        """As leader, publish the controller's config, and on a fleet that scales its
+        desired replica count, where either differs from what this controller last
+        published (a decision, a pin, a policy switch)."""
+        config, replicas = self.controller.config, self.controller.replicas
+        if not self.state.leader or (
+            config == self._published and replicas == self._published_replicas
+        ):
             return
         # The lease may have lapsed while the step ran: never publish as a former leader.
         if not await self.bus.acquire_or_renew_lease(self.pool, self.holder, self.lease_s):
             self.state.leader = False
             return
-        await self._publish(config)
+        if config != self._published:
+            await self._publish(config)
+        if replicas is not None and replicas != self._published_replicas:
+            await self.bus.publish_desired_replicas(self.pool, replicas)
+            self._published_replicas = replicas
 
     # -- the stages ------------------------------------------------------------------
 
@@ -267,6 +275,7 @@ class ControlLoop:
     async def _adopt(self) -> None:
         """Start from the config in force if the bus holds one at or above every version
         seen; otherwise (none stored, or a Redis that lost its data) publish ours."""
+        self._published_replicas = None  # a new leader states the count afresh
         current = await self.bus.current_config(self.pool)
         if current is not None and current.version >= self._seen_version:
             self.controller.adopt(current.config)
