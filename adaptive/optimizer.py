@@ -141,12 +141,25 @@ class ConfigOptimizer:
     _predictions: dict[tuple[int, BatchConfig], Alternative] = field(
         default_factory=dict, repr=False
     )
+    # The table interpolated at a rate band's edge: bands recur tick after tick.
+    _at_band: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(
+        default_factory=dict, repr=False
+    )
 
     def __post_init__(self) -> None:
         if not 0 < self.margin <= 1:
             raise InvalidInput(f"margin must be in (0, 1], got {self.margin}")
         self.largest_cap = int(self.table.caps.max())
         self.target_p99_s = self.margin * self.slo_s
+        caps = self.table.caps
+        # Each row's cap as an index into the distinct caps, and the rows in order:
+        # what `_best_per_cap` sorts by, computed once.
+        self._cap_values = np.unique(caps)
+        self._cap_group = np.searchsorted(self._cap_values, caps)
+        self._row_index = np.arange(caps.size)
+        self._row_configs = [
+            BatchConfig(int(c), float(t)) for c, t in zip(caps, self.table.timeouts_s, strict=True)
+        ]
 
     def choose(
         self, rate_rps: float, min_cap: int = 1, spread: tuple[float, float] | None = None
@@ -162,7 +175,7 @@ class ConfigOptimizer:
         key = (*bands, min(min_cap, self.largest_cap))
         choice = self._cache.get(key)
         if choice is None:
-            choice = self._rank(tuple(RATE_BIN**b for b in bands), key[-1])
+            choice = self._rank(bands, key[-1])
             self._cache[key] = choice
         return choice
 
@@ -172,10 +185,11 @@ class ConfigOptimizer:
         ok = (self.table.p99_s[rows] <= self.target_p99_s).any(axis=0)
         return float(self.table.rates_rps[ok].max()) if ok.any() else 0.0
 
-    def _rank(self, rates: tuple[float, float, float], min_cap: int) -> Choice:
-        p99, mean, busy = self._over(rates)
+    def _rank(self, bands: tuple[int, int, int], min_cap: int) -> Choice:
+        """The choice over three rate bands (low, now, high), at each band's upper edge."""
+        p99, mean, busy = self._over(bands)
         allowed = self.table.caps >= min_cap
-        within_grid = rates[-1] <= self.table.rates_rps[-1]
+        within_grid = RATE_BIN ** bands[-1] <= self.table.rates_rps[-1]
         feasible = allowed & (p99 <= self.target_p99_s) & within_grid
         if feasible.any():
             near = feasible & (busy <= busy[feasible].min() * COST_TIE)
@@ -188,15 +202,21 @@ class ConfigOptimizer:
         return Choice(
             self._alternative(index, p99, mean, busy),
             bool(feasible.any()),
-            rates[1],
+            RATE_BIN ** bands[1],
             self._best_per_cap(p99, mean, busy),
         )
 
-    def _over(self, rates: tuple[float, float, float]) -> tuple[np.ndarray, ...]:
-        """Worst p99, mean latency and mean cost of every config over the rates."""
-        if rates[0] == rates[2]:
-            return self.table.at(rates[1])
-        points = [self.table.at(r) for r in rates]
+    def _at(self, band: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        at = self._at_band.get(band)
+        if at is None:
+            at = self._at_band[band] = self.table.at(RATE_BIN**band)
+        return at
+
+    def _over(self, bands: tuple[int, int, int]) -> tuple[np.ndarray, ...]:
+        """Worst p99, mean latency and mean cost of every config over the rate bands."""
+        if bands[0] == bands[2]:
+            return self._at(bands[1])
+        points = [self._at(b) for b in bands]
         p99 = np.max([p[0] for p in points], axis=0)
         return p99, np.mean([p[1] for p in points], axis=0), np.mean([p[2] for p in points], axis=0)
 
@@ -261,14 +281,13 @@ class ConfigOptimizer:
         return np.flatnonzero(caps == caps[caps >= min(cap, self.largest_cap)].min())
 
     def _alternative(self, i: int, p99: np.ndarray, mean: np.ndarray, busy: np.ndarray):
-        config = BatchConfig(int(self.table.caps[i]), float(self.table.timeouts_s[i]))
-        return Alternative(config, float(p99[i]), float(busy[i]), float(mean[i]))
+        return Alternative(self._row_configs[i], float(p99[i]), float(busy[i]), float(mean[i]))
 
     def _best_per_cap(self, p99, mean, busy) -> tuple[Alternative, ...]:
-        best = []
-        for cap in np.unique(self.table.caps):
-            rows = np.flatnonzero(self.table.caps == cap)
-            ok = rows[p99[rows] <= self.target_p99_s]
-            i = int(ok[np.argmin(busy[ok])]) if ok.size else int(rows[np.argmin(p99[rows])])
-            best.append(self._alternative(i, p99, mean, busy))
-        return tuple(best)
+        """Per cap, in increasing order: its cheapest row that meets the target, else its
+        lowest p99; ties to the first row. One sort rather than a loop over caps."""
+        ok = p99 <= self.target_p99_s
+        group = self._cap_group
+        order = np.lexsort((self._row_index, np.where(ok, busy, p99), ~ok, group))
+        firsts = order[np.r_[0, np.flatnonzero(np.diff(group[order])) + 1]]
+        return tuple(self._alternative(int(i), p99, mean, busy) for i in firsts)
