@@ -20,7 +20,6 @@ ones already up can only bridge the gap by batching more. So one policy decides 
 from __future__ import annotations
 
 import math
-from collections import deque
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -30,6 +29,7 @@ from adaptive.fleet import FleetView
 from adaptive.optimizer import ConfigOptimizer
 from adaptive.policy import Decision, Snapshot
 from adaptive.predictive import PredictivePolicy
+from adaptive.sliding import SlidingMax
 from adaptive.warmup import warm_time_s
 from forecaster.forecast import Forecast
 from forecaster.models import Forecaster
@@ -45,7 +45,9 @@ class JointPolicy:
     headroom: float = 0.8
     scale_in_after_s: float = 600.0
     spec_text: str = "predictive:replicas=plan"
-    _measured: deque[tuple[float, float, int]] = field(default_factory=deque, init=False)
+    # The load measured, and the replicas wanted, over the scale-in window.
+    _peak_rps: SlidingMax = field(default_factory=SlidingMax, init=False, repr=False)
+    _peak_need: SlidingMax = field(default_factory=SlidingMax, init=False, repr=False)
     _scaled: tuple[Forecast, int, Forecast] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -122,12 +124,13 @@ class JointPolicy:
         need_now = self.replicas_for(now_rps)
         # Both the load measured and what the forecast asked for, over the scale-in
         # window: a replica goes only when neither has wanted it for that long.
-        self._measured.append((snapshot.now, now_rps, max(need_ahead, need_now)))
-        while self._measured[0][0] < snapshot.now - self.scale_in_after_s:
-            self._measured.popleft()
+        need = max(need_ahead, need_now)
+        for window, value in ((self._peak_rps, now_rps), (self._peak_need, need)):
+            window.push(snapshot.now, value)
+            window.expire(snapshot.now - self.scale_in_after_s)
         desired = fleet.desired
-        if max(need_ahead, need_now) > desired:
-            wanted = max(need_ahead, need_now)
+        if need > desired:
+            wanted = need
             source = (
                 f"forecast upper bound {ahead_rps:.0f} req/s at +{at_s:.0f} s"
                 if need_ahead >= need_now
@@ -137,8 +140,8 @@ class JointPolicy:
                 f"{source} needs {wanted} replicas ({self.replica_rps:.0f} req/s each): "
                 f"starting {wanted - desired} (serving in about {lead_s:.0f} s)"
             )
-        peak_rps = max(rate for _, rate, _ in self._measured)
-        wanted = max(self.replicas_for(peak_rps), max(need for _, _, need in self._measured))
+        peak_rps = self._peak_rps.max()
+        wanted = max(self.replicas_for(peak_rps), int(self._peak_need.max()))
         if wanted < desired:
             return wanted, (
                 f"the highest load measured over the last {self.scale_in_after_s:.0f} s "

@@ -10,12 +10,15 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from adaptive.autoscalers import HpaPolicy, ServeAutoscalerPolicy
 from adaptive.config import BatchConfig
 from adaptive.fleet import FleetLimits, FleetView
 from adaptive.latency import LinearLatency
 from adaptive.policy import Observation, Snapshot
+from adaptive.sliding import SlidingMax
 from simulations import kernel as k
 from simulations.cli import main as simulate
 from simulations.engine import PoolSettings, Routing, SimulatedPool
@@ -248,3 +251,19 @@ def test_a_joint_policy_needs_a_fleet_that_can_scale(capsys, tmp_path):
     trace.write_text("timestamp,count\n" + "".join(f"{s},100\n" for s in range(30)))
     assert simulate(["--trace", str(trace), "--policy", "predictive:replicas=plan"]) == 2
     assert "room to scale (--max-replicas)" in capsys.readouterr().err
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 5), st.floats(-1e6, 1e6)), min_size=1, max_size=60),
+    st.integers(1, 30),
+)
+def test_the_sliding_max_is_the_largest_value_in_the_window(steps, window):
+    """Against the scan it replaces: after each sample, the largest value whose time is
+    within `window` of the newest."""
+    sliding, seen, now = SlidingMax(), [], 0
+    for gap, value in steps:
+        now += gap
+        sliding.push(now, value)
+        sliding.expire(now - window)
+        seen.append((now, value))
+        assert sliding.max() == max(v for t, v in seen if t >= now - window)
