@@ -49,6 +49,9 @@ class JointPolicy:
     _peak_rps: SlidingMax = field(default_factory=SlidingMax, init=False, repr=False)
     _peak_need: SlidingMax = field(default_factory=SlidingMax, init=False, repr=False)
     _scaled: tuple[Forecast, int, Forecast] | None = field(default=None, init=False, repr=False)
+    _peak_ahead: tuple[Forecast, int, float, float] | None = field(
+        default=None, init=False, repr=False
+    )
 
     def __post_init__(self) -> None:
         if not 0 < self.headroom <= 1:
@@ -155,13 +158,22 @@ class JointPolicy:
         forecast = snapshot.forecast
         if forecast is None:
             return 0.0, 0.0
-        ahead = forecast.times_s - snapshot.now
-        within = ahead <= lead_s
-        if not within.any():
+        # Forecast steps are in time order: those within the lead are a prefix, whose
+        # peak is found once per forecast and prefix, not every tick.
+        steps = int(np.searchsorted(forecast.times_s, snapshot.now + lead_s, side="right"))
+        if steps == 0:
             return 0.0, 0.0
-        upper = forecast.upper_rps[within]
-        peak = int(np.argmax(upper))
-        return float(upper[peak]), max(0.0, float(ahead[within][peak]))
+        cached = self._peak_ahead
+        if cached is None or cached[0] is not forecast or cached[1] != steps:
+            peak = int(np.argmax(forecast.upper_rps[:steps]))
+            cached = (
+                forecast,
+                steps,
+                float(forecast.upper_rps[peak]),
+                float(forecast.times_s[peak]),
+            )
+            self._peak_ahead = cached
+        return cached[2], max(0.0, cached[3] - snapshot.now)
 
     def _per_replica(self, snapshot: Snapshot, replicas: int) -> Snapshot:
         """The pool as one replica of `replicas` sees it: its share of the load now and

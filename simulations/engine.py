@@ -165,6 +165,7 @@ class SimulatedPool:
         # (its worker_free is inf, so the kernel never picks it); gone slots are reused.
         self._provisioned = np.ones(settings.workers, dtype=bool)
         self._ready_at = np.zeros(settings.workers)
+        self._fleet_view: tuple[float, float, FleetView] | None = None  # from, until, view
         self.replica_seconds = 0.0  # provisioned replica time, ready or starting
         self.replica_starts = 0
         self._istate = np.zeros(k.NUM_INT_STATE, dtype=np.int64)
@@ -235,10 +236,18 @@ class SimulatedPool:
 
     def fleet(self, now: float) -> FleetView:
         """The replicas at `now`: ready, starting, and the count provisioned."""
+        cached = self._fleet_view
+        # The view holds from when it was taken until the next starting replica is ready
+        # (or a resize): asked twice a tick, it is counted only when it can have changed.
+        if cached is not None and cached[0] <= now < cached[1]:
+            return cached[2]
         provisioned = int(self._provisioned.sum())
         ready = int((self._provisioned & (self._ready_at <= now)).sum())
         startup_s = self.settings.fleet.startup_s if self.settings.fleet else 0.0
-        return FleetView(ready, provisioned - ready, provisioned, startup_s)
+        view = FleetView(ready, provisioned - ready, provisioned, startup_s)
+        pending = self._ready_at[self._provisioned & (self._ready_at > now)]
+        self._fleet_view = (now, float(pending.min()) if pending.size else math.inf, view)
+        return view
 
     def resize(self, replicas: int, now: float) -> None:
         """Provision `replicas` from `now`. A new replica serves after the start-up time
@@ -249,6 +258,7 @@ class SimulatedPool:
         limits = self.settings.fleet
         if limits is None:
             raise InvalidInput("this pool's fleet is fixed (no replica limits)")
+        self._fleet_view = None
         change = replicas - int(self._provisioned.sum())
         if change > 0:
             # A fresh replica has nothing warm: every bucket up to the target, 1 included.
