@@ -87,10 +87,19 @@ def _check_in(where: str, field: str, value: object, low: float, high: float, wh
         raise InvalidInput(f"{where}: {field} must be {what} [{low:g}, {high:g}], got {value!r}")
 
 
+def _touching(events: tuple[Event, ...], times_s: np.ndarray) -> tuple[Event, ...]:
+    """The events that overlap `times_s` at all: the others weigh 0 everywhere there
+    (a forecast a few minutes long meets one of a day's events now and then)."""
+    if not times_s.size:
+        return ()
+    first, last = float(times_s.min()), float(times_s.max())
+    return tuple(e for e in events if e.start_s <= last and e.end_s > first)
+
+
 def multiplier_at(events: tuple[Event, ...], times_s: np.ndarray) -> np.ndarray:
     """The combined multiplicative lift of the multiplier events (1 where none applies)."""
     lift = np.ones_like(times_s, dtype=np.float64)
-    for event in events:
+    for event in _touching(events, times_s):
         if event.multiplier is not None:
             lift *= 1.0 + (event.multiplier - 1.0) * event.weight(times_s)
     return lift
@@ -99,6 +108,7 @@ def multiplier_at(events: tuple[Event, ...], times_s: np.ndarray) -> np.ndarray:
 def apply_events(forecast: Forecast, events: tuple[Event, ...]) -> Forecast:
     """Scale (or replace) the forecast inside declared events and widen its band there."""
     times = forecast.times_s + forecast.step_s / 2
+    events = _touching(events, times)
     lift = multiplier_at(events, times)
     extra = np.abs(lift - 1.0) * EVENT_UNCERTAINTY
     mean, lower, upper = (

@@ -8,11 +8,13 @@ stays flat however long the trace.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -352,16 +354,13 @@ def simulate(
     """Replay `trace` once per policy, on the same arrivals, and summarise each.
 
     `shadows[i]`, when given, decides beside policy i and is only recorded."""
-    arrival_seed, jitter_seed = np.random.SeedSequence(settings.seed).spawn(2)
-    stream = ArrivalStream(
-        trace.arrival_chunks(settings.chunk_s, np.random.default_rng(arrival_seed))
-    )
     shadows = list(shadows) if shadows is not None else [None] * len(policies)
-    runs = [
-        _PolicyRun(p, _pool(settings, latency, jitter_seed), settings, shadow)
-        for p, shadow in zip(policies, shadows, strict=True)
-    ]
-    requests = _replay(stream, runs, settings, trace.duration_s, on_progress)
+    job = _ReplayJob(trace, settings, latency, tuple(zip(policies, shadows, strict=True)))
+    groups = _process_groups(job)
+    if len(groups) > 1:
+        requests, results = _replay_in_processes(job, groups, on_progress)
+    else:
+        requests, results = job.replay(range(len(job.policies)), on_progress)
     return SimulationReport(
         trace=trace.name,
         requests=requests,
@@ -370,10 +369,116 @@ def simulate(
         latency_model=latency.describe(),
         tick_s=settings.tick_s,
         window_s=settings.window_s,
-        results=tuple(run.result(requests, trace.duration_s) for run in runs),
+        results=tuple(results),
         notes=tuple(trace.notes),
         scaling=settings.pool.fleet is not None,
     )
+
+
+@dataclass(frozen=True)
+class _ReplayJob:
+    """What a replay of some of the policies needs: each group of policies, in this
+    process or a forked one, draws the same arrivals and jitter from the same seeds."""
+
+    trace: Trace
+    settings: SimulationSettings
+    latency: LatencyModel
+    policies: tuple[tuple[Policy, Policy | None], ...]  # (policy, its shadow)
+
+    def replay(
+        self, indices: Sequence[int], on_progress: ProgressCallback | None
+    ) -> tuple[int, list[PolicyResult]]:
+        settings = self.settings
+        arrival_seed, jitter_seed = np.random.SeedSequence(settings.seed).spawn(2)
+        stream = ArrivalStream(
+            self.trace.arrival_chunks(settings.chunk_s, np.random.default_rng(arrival_seed))
+        )
+        runs = [
+            _PolicyRun(policy, _pool(settings, self.latency, jitter_seed), settings, shadow)
+            for policy, shadow in (self.policies[i] for i in indices)
+        ]
+        requests = _replay(stream, runs, settings, self.trace.duration_s, on_progress)
+        return requests, [run.result(requests, self.trace.duration_s) for run in runs]
+
+
+PROCESS_MIN_TICKS = 3_600
+"""Replays shorter than this (per policy) stay in one process: forking costs more."""
+
+
+REPLAY_WEIGHTS = {"predictive": 4.5, "oracle": 4.5, "reactive": 2.0}
+"""A policy's share of a replay's time by its spec's name, roughly (measured on the promo
+day against static's 1: a forecasting policy's tick, with its optimiser and forecaster,
+costs 4-5 times more; reactive's small batches double the engine's work). Only balances
+the process groups; results never depend on it."""
+
+
+def _replay_weight(policy: Policy) -> float:
+    return REPLAY_WEIGHTS.get(policy.spec.split(":", 1)[0], 1.0)
+
+
+def _process_groups(job: _ReplayJob) -> list[list[int]]:
+    """The policies' indices split over processes, heaviest first onto the lightest
+    group: one group (this process) for one policy, a short trace or one core. Each
+    process replays its group with the kernel on threads, as a single process does."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    ticks = job.trace.duration_s / job.settings.tick_s
+    count = min(len(job.policies), cores or 1)
+    forking = "fork" in multiprocessing.get_all_start_methods()
+    if count < 2 or ticks < PROCESS_MIN_TICKS or not forking:
+        return [list(range(len(job.policies)))]
+    weights = [_replay_weight(policy) for policy, _ in job.policies]
+    groups: list[list[int]] = [[] for _ in range(count)]
+    loads = [0.0] * count
+    for i in sorted(range(len(weights)), key=lambda i: -weights[i]):
+        lightest = loads.index(min(loads))
+        groups[lightest].append(i)
+        loads[lightest] += weights[i]
+    return [sorted(group) for group in groups]
+
+
+# A forked worker finds its job here: set just before the fork, so nothing is pickled
+# on the way in (policies hold compiled tables and fitted forecasters).
+_FORKED: tuple[_ReplayJob, Any] | None = None
+
+
+def _replay_group(group: Sequence[int], slot: int) -> tuple[int, list[PolicyResult]]:
+    assert _FORKED is not None
+    job, progress = _FORKED
+
+    def report(end_s: float) -> None:
+        progress[slot] = end_s
+
+    return job.replay(group, report)
+
+
+def _replay_in_processes(
+    job: _ReplayJob, groups: list[list[int]], on_progress: ProgressCallback | None
+) -> tuple[int, list[PolicyResult]]:
+    """Each group in a forked process (policies are Python under the GIL: threads
+    cannot run two at once); progress is the slowest group's. A failure in a group is
+    raised here with its traceback."""
+    global _FORKED
+    context = multiprocessing.get_context("fork")
+    progress = context.Array("d", len(groups), lock=False)
+    _FORKED = (job, progress)
+    results: list[PolicyResult | None] = [None] * len(job.policies)
+    try:
+        with ProcessPoolExecutor(len(groups), mp_context=context) as executor:
+            futures = [executor.submit(_replay_group, g, i) for i, g in enumerate(groups)]
+            pending = set(futures)
+            while pending:
+                _, pending = wait(pending, timeout=0.25)
+                if on_progress is not None:
+                    on_progress(min(progress))
+            requests = 0
+            for group, future in zip(groups, futures, strict=True):
+                requests, group_results = future.result()
+                for i, result in zip(group, group_results, strict=True):
+                    results[i] = result
+    finally:
+        _FORKED = None
+    assert all(r is not None for r in results)
+    return requests, results  # type: ignore[return-value]
 
 
 def _pool(
