@@ -198,6 +198,7 @@ class _PolicyRun:
         self.total_hist = np.zeros(NUM_BUCKETS, dtype=np.int64)
         self.max_replicas = settings.pool.workers
         self._paid_s = 0.0  # the pool's replica-seconds when the last window closed
+        self.finished = False  # past the trace's end with nothing left to serve
 
     def tick(self, t_start: float, t_end: float, arrivals: np.ndarray) -> None:
         started = time.perf_counter()
@@ -237,9 +238,17 @@ class _PolicyRun:
     def run_block(self, ticks: list[_Tick]) -> None:
         per_window = self.settings.ticks_per_window
         for tick in ticks:
+            if self.finished:
+                return
             self.tick(tick.start_s, tick.end_s, tick.arrivals)
             if (tick.index + 1) % per_window == 0:
                 self.close_window(tick.end_s)
+            # Past the trace's end, a pool stops at its first idle tick, whatever the
+            # other policies' pools still hold: a policy's results never depend on the
+            # policies it is compared with (nor on how they are split over processes).
+            if tick.final and self.idle:
+                self.close_window(tick.end_s)
+                self.finished = True
 
     def close_window(self, end_s: float) -> None:
         if self.timeline.rows and self.timeline.rows[-1].end_s >= end_s:
@@ -350,13 +359,16 @@ def simulate(
     latency: LatencyModel,
     on_progress: ProgressCallback | None = None,
     shadows: Sequence[Policy | None] | None = None,
+    processes: int | None = None,
 ) -> SimulationReport:
     """Replay `trace` once per policy, on the same arrivals, and summarise each.
 
-    `shadows[i]`, when given, decides beside policy i and is only recorded."""
+    `shadows[i]`, when given, decides beside policy i and is only recorded. Policies
+    replay in up to `processes` forked processes (None: one per usable core) when the
+    trace is long enough to pay for it; the results are the same either way."""
     shadows = list(shadows) if shadows is not None else [None] * len(policies)
     job = _ReplayJob(trace, settings, latency, tuple(zip(policies, shadows, strict=True)))
-    groups = _process_groups(job)
+    groups = _process_groups(job, usable_cores() if processes is None else processes)
     if len(groups) > 1:
         requests, results = _replay_in_processes(job, groups, on_progress)
     else:
@@ -416,15 +428,26 @@ def _replay_weight(policy: Policy) -> float:
     return REPLAY_WEIGHTS.get(policy.spec.split(":", 1)[0], 1.0)
 
 
-def _process_groups(job: _ReplayJob) -> list[list[int]]:
-    """The policies' indices split over processes, heaviest first onto the lightest
-    group: one group (this process) for one policy, a short trace or one core. Each
-    process replays its group with the kernel on threads, as a single process does."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+def usable_cores() -> int:
+    """The cores this process may run on, where forked workers can run (1 without fork)."""
+    if "fork" not in multiprocessing.get_all_start_methods():
+        return 1
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def spare_core() -> bool:
+    return usable_cores() > 1
+
+
+def _process_groups(job: _ReplayJob, processes: int) -> list[list[int]]:
+    """The policies' indices split over up to `processes` processes, heaviest first onto
+    the lightest group: one group (this process) for one policy, a short trace or one
+    process. Each replays its group with the kernel on threads, as one process does."""
     ticks = job.trace.duration_s / job.settings.tick_s
-    count = min(len(job.policies), cores or 1)
-    forking = "fork" in multiprocessing.get_all_start_methods()
-    if count < 2 or ticks < PROCESS_MIN_TICKS or not forking:
+    count = min(len(job.policies), processes)
+    if count < 2 or ticks < PROCESS_MIN_TICKS:
         return [list(range(len(job.policies)))]
     weights = [_replay_weight(policy) for policy, _ in job.policies]
     groups: list[list[int]] = [[] for _ in range(count)]
@@ -494,6 +517,7 @@ class _Tick:
     start_s: float
     end_s: float
     arrivals: np.ndarray
+    final: bool  # at or past the trace's end, every arrival delivered
 
 
 BLOCK_TICKS = 60
@@ -516,13 +540,11 @@ def _replay(
             block = _next_block(stream, settings, duration_s, next_tick)
             requests += sum(t.arrivals.size for t in block)
             next_tick += len(block)
-            list(executor.map(_PolicyRun.run_block, runs, [block] * len(runs)))
-            end_s = block[-1].end_s
+            live = [r for r in runs if not r.finished]
+            list(executor.map(_PolicyRun.run_block, live, [block] * len(live)))
             if on_progress is not None:
-                on_progress(end_s)
-            if end_s >= duration_s and stream.drained and all(r.idle for r in runs):
-                for run in runs:
-                    run.close_window(end_s)
+                on_progress(block[-1].end_s)
+            if all(r.finished for r in runs):
                 return requests
 
 
@@ -532,7 +554,9 @@ def _next_block(
     block = []
     for index in range(first, first + BLOCK_TICKS):
         start_s, end_s = index * settings.tick_s, (index + 1) * settings.tick_s
-        block.append(_Tick(index, start_s, end_s, stream.take_until(end_s)))
-        if end_s >= duration_s and stream.drained:
+        arrivals = stream.take_until(end_s)
+        final = end_s >= duration_s and stream.drained
+        block.append(_Tick(index, start_s, end_s, arrivals, final))
+        if final:
             break
     return block

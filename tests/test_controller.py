@@ -248,3 +248,59 @@ def test_fallback_keeps_the_warm_ahead_of_a_declared_event_by_hand():
     decision = _more_cautious(backup, planned, "no forecast yet", "reactive")
     assert decision.config == BatchConfig(64, 0.0, 256)
     assert "keeping batches up to 256 warm" in decision.reason
+
+
+class Failing:
+    """A policy whose decisions fail after a while: a bug, as a replay meets it."""
+
+    spec = "failing"
+
+    def __init__(self, after_s: float) -> None:
+        self.after_s = after_s
+
+    def initial_config(self) -> BatchConfig:
+        return BatchConfig(8, 0.002)
+
+    def decide(self, snapshot):
+        if snapshot.now >= self.after_s:
+            raise RuntimeError(f"policy bug at {snapshot.now:.0f} s")
+        return Decision(snapshot.config, "holding")
+
+
+def hour_of_traffic():
+    rng = np.random.default_rng(3)
+    counts = 200 + 150 * np.sin(np.arange(3_600) / 600) + rng.poisson(20, 3_600)
+    return CountTrace("hour", 1.0, counts)
+
+
+def test_a_replay_split_over_processes_gives_the_results_of_one_process():
+    trace = hour_of_traffic()
+    pool = PoolSettings(4, 0.1, warmup_s=5.0)
+    context = policy_context(trace, LATENCY, pool)
+    specs = ["static:max_batch=16,timeout=4ms", "aimd", "reactive", "predictive"]
+    settings = SimulationSettings(pool=pool)
+
+    def replay(processes):
+        policies = [build_policy(s, context) for s in specs]
+        return simulate(trace, policies, settings, LATENCY, processes=processes)
+
+    alone, split = replay(1), replay(2)
+    assert split.requests == alone.requests > 0
+    for a, b in zip(alone.results, split.results, strict=True):
+        assert (a.policy, a.completed, a.within_slo, a.batches) == (
+            b.policy,
+            b.completed,
+            b.within_slo,
+            b.batches,
+        )
+        assert a.timeline == b.timeline and a.decisions == b.decisions
+        assert a.latency == b.latency and a.busy_s == b.busy_s
+
+
+def test_a_policy_that_fails_in_a_forked_replay_fails_the_replay_with_its_error():
+    trace = hour_of_traffic()
+    pool = PoolSettings(4, 0.1)
+    settings = SimulationSettings(pool=pool)
+    policies = [build_policy("aimd", policy_context(trace, LATENCY, pool)), Failing(1_800.0)]
+    with pytest.raises(RuntimeError, match="policy bug at 1800 s"):
+        simulate(trace, policies, settings, LATENCY, processes=2)
