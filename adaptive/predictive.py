@@ -14,7 +14,6 @@ needed cap falls with it and the controller's guards let it shrink after a dwell
 from __future__ import annotations
 
 import math
-from collections import deque
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -22,6 +21,7 @@ import numpy as np
 from adaptive.config import BatchConfig
 from adaptive.optimizer import Choice, ConfigOptimizer
 from adaptive.policy import Decision, Snapshot
+from adaptive.sliding import SlidingMax
 from adaptive.warmup import buckets_to_warm, warm_time_s
 from forecaster.forecast import Forecast
 from forecaster.models import Forecaster
@@ -42,7 +42,9 @@ class PredictivePolicy:
     stickiness: float = 0.05
     window_s: float = 60.0
     spec_text: str = "predictive"
-    _recent: deque[float] = field(default_factory=deque, init=False, repr=False)
+    _recent_high: SlidingMax = field(default_factory=SlidingMax, init=False, repr=False)
+    _recent_low: SlidingMax = field(default_factory=SlidingMax, init=False, repr=False)  # negated
+    _ticks: int = field(default=0, init=False, repr=False)
     _needs: tuple[Forecast, list[int]] | None = field(default=None, init=False, repr=False)
     _observed_rps: float | None = field(default=None, init=False, repr=False)
 
@@ -122,12 +124,17 @@ class PredictivePolicy:
     ) -> tuple[float, float]:
         """The range of load expected over the planning window: what arrived in the last
         window (smoothed) and the forecast mean for the next one."""
-        self._recent.append(now_rps)
-        if len(self._recent) > max(1, round(self.window_s / snapshot.tick_s)):
-            self._recent.popleft()
+        # The last `window_s / tick_s` rates (a count of ticks: the live loop's ticks
+        # may come late), as sliding extremes rather than a scan every tick.
+        self._ticks += 1
+        kept = max(1, round(self.window_s / snapshot.tick_s))
+        self._recent_high.push(self._ticks, now_rps)
+        self._recent_high.expire(self._ticks - kept + 1)
+        self._recent_low.push(self._ticks, -now_rps)
+        self._recent_low.expire(self._ticks - kept + 1)
         ahead = forecast.mean_rps[forecast.times_s - snapshot.now < self.window_s]
-        low = min(min(self._recent), float(ahead.min()) if ahead.size else now_rps)
-        high = max(max(self._recent), float(ahead.max()) if ahead.size else now_rps)
+        low = min(-self._recent_low.max(), float(ahead.min()) if ahead.size else now_rps)
+        high = max(self._recent_high.max(), float(ahead.max()) if ahead.size else now_rps)
         return low, high
 
     def _keep_if_close(

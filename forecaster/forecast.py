@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 import numpy as np
 
@@ -26,17 +27,19 @@ class Forecast:
     fallback: str | None = None
     events: tuple[str, ...] = ()
 
-    @property
+    # Rates per second, computed once per forecast (a policy reads them every tick) and
+    # read-only, since every reader shares them.
+    @cached_property
     def mean_rps(self) -> np.ndarray:
-        return self.mean / self.step_s
+        return _frozen(self.mean / self.step_s)
 
-    @property
+    @cached_property
     def upper_rps(self) -> np.ndarray:
-        return self.upper / self.step_s
+        return _frozen(self.upper / self.step_s)
 
-    @property
+    @cached_property
     def lower_rps(self) -> np.ndarray:
-        return self.lower / self.step_s
+        return _frozen(self.lower / self.step_s)
 
     def clipped(self) -> Forecast:
         """Rates cannot be negative."""
@@ -46,3 +49,8 @@ class Forecast:
             lower=np.maximum(self.lower, 0.0),
             upper=np.maximum(self.upper, 0.0),
         )
+
+
+def _frozen(values: np.ndarray) -> np.ndarray:
+    values.flags.writeable = False
+    return values

@@ -8,6 +8,7 @@ stays flat however long the trace.
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 import os
 import time
@@ -372,7 +373,7 @@ def simulate(
     if len(groups) > 1:
         requests, results = _replay_in_processes(job, groups, on_progress)
     else:
-        requests, results = job.replay(range(len(job.policies)), on_progress)
+        requests, results = job.replay(range(len(job.policies)), on_progress, usable_cores())
     return SimulationReport(
         trace=trace.name,
         requests=requests,
@@ -398,7 +399,7 @@ class _ReplayJob:
     policies: tuple[tuple[Policy, Policy | None], ...]  # (policy, its shadow)
 
     def replay(
-        self, indices: Sequence[int], on_progress: ProgressCallback | None
+        self, indices: Sequence[int], on_progress: ProgressCallback | None, threads: int
     ) -> tuple[int, list[PolicyResult]]:
         settings = self.settings
         arrival_seed, jitter_seed = np.random.SeedSequence(settings.seed).spawn(2)
@@ -409,7 +410,7 @@ class _ReplayJob:
             _PolicyRun(policy, _pool(settings, self.latency, jitter_seed), settings, shadow)
             for policy, shadow in (self.policies[i] for i in indices)
         ]
-        requests = _replay(stream, runs, settings, self.trace.duration_s, on_progress)
+        requests = _replay(stream, runs, settings, self.trace.duration_s, on_progress, threads)
         return requests, [run.result(requests, self.trace.duration_s) for run in runs]
 
 
@@ -417,11 +418,12 @@ PROCESS_MIN_TICKS = 3_600
 """Replays shorter than this (per policy) stay in one process: forking costs more."""
 
 
-REPLAY_WEIGHTS = {"predictive": 4.5, "oracle": 4.5, "reactive": 2.0}
-"""A policy's share of a replay's time by its spec's name, roughly (measured on the promo
-day against static's 1: a forecasting policy's tick, with its optimiser and forecaster,
-costs 4-5 times more; reactive's small batches double the engine's work). Only balances
-the process groups; results never depend on it."""
+REPLAY_WEIGHTS = {"aimd": 1.2, "reactive": 1.6, "predictive": 3.3, "oracle": 3.6}
+"""A policy's share of a replay's time by its spec's name, against static's 1 (measured
+on the promo day, one thread each: static 7.7 s, aimd 9.4, reactive 12.4, predictive
+25.5, oracle 27.5; a forecasting policy runs its optimiser and forecaster every tick,
+reactive's small batches double the engine's work). Only balances the process groups;
+results never depend on it."""
 
 
 def _replay_weight(policy: Policy) -> float:
@@ -442,21 +444,36 @@ def spare_core() -> bool:
 
 
 def _process_groups(job: _ReplayJob, processes: int) -> list[list[int]]:
-    """The policies' indices split over up to `processes` processes, heaviest first onto
-    the lightest group: one group (this process) for one policy, a short trace or one
-    process. Each replays its group with the kernel on threads, as one process does."""
+    """The policies' indices split over up to `processes` processes so that the heaviest
+    group is as light as it can be: one group (this process) for one policy, a short
+    trace or one process."""
     ticks = job.trace.duration_s / job.settings.tick_s
     count = min(len(job.policies), processes)
     if count < 2 or ticks < PROCESS_MIN_TICKS:
         return [list(range(len(job.policies)))]
     weights = [_replay_weight(policy) for policy, _ in job.policies]
+    groups = _balanced(weights, count)
+    return [sorted(group) for group in groups if group]
+
+
+def _balanced(weights: list[float], count: int) -> list[list[int]]:
+    """Every assignment of the items to `count` groups where there are few (a handful
+    of policies on a few cores), else heaviest first onto the lightest group."""
+    if count ** len(weights) <= 50_000:
+        best = min(
+            itertools.product(range(count), repeat=len(weights)),
+            key=lambda owners: max(
+                sum(w for w, o in zip(weights, owners, strict=True) if o == g) for g in range(count)
+            ),
+        )
+        return [[i for i, o in enumerate(best) if o == g] for g in range(count)]
     groups: list[list[int]] = [[] for _ in range(count)]
     loads = [0.0] * count
     for i in sorted(range(len(weights)), key=lambda i: -weights[i]):
         lightest = loads.index(min(loads))
         groups[lightest].append(i)
         loads[lightest] += weights[i]
-    return [sorted(group) for group in groups]
+    return groups
 
 
 # A forked worker finds its job here: set just before the fork, so nothing is pickled
@@ -471,7 +488,7 @@ def _replay_group(group: Sequence[int], slot: int) -> tuple[int, list[PolicyResu
     def report(end_s: float) -> None:
         progress[slot] = end_s
 
-    return job.replay(group, report)
+    return job.replay(group, report, threads=1)
 
 
 def _replay_in_processes(
@@ -530,12 +547,15 @@ def _replay(
     settings: SimulationSettings,
     duration_s: float,
     on_progress: ProgressCallback | None,
+    threads: int,
 ) -> int:
-    """Feed every run the same ticks; returns the number of arrivals."""
+    """Feed every run the same ticks, on up to `threads` threads; returns the number of
+    arrivals."""
     requests = 0
     next_tick = 0
-    # The kernel releases the GIL, so policies replay a block of ticks on separate cores.
-    with ThreadPoolExecutor(max_workers=min(len(runs), os.cpu_count() or 1)) as executor:
+    # The kernel releases the GIL, so policies replay a block of ticks on separate cores;
+    # in a forked group (`threads=1`, a process per core already) threads only contend.
+    with ThreadPoolExecutor(max_workers=min(len(runs), threads)) as executor:
         while True:
             block = _next_block(stream, settings, duration_s, next_tick)
             requests += sum(t.arrivals.size for t in block)
