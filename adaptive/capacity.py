@@ -34,6 +34,7 @@ from adaptive.warmup import warm_time_s
 from forecaster.forecast import Forecast
 from forecaster.models import Forecaster
 from tidal_base.errors import InvalidInput
+from tidal_base.values import evolve
 
 
 @dataclass
@@ -110,7 +111,7 @@ class JointPolicy:
         batches = self.batching.decide(self._per_replica(snapshot, ready))
         replicas, why = self._replicas(snapshot, fleet)
         reason = batches.reason if why is None else f"{why}; {batches.reason}"
-        return replace(batches, reason=reason, replicas=replicas)
+        return evolve(batches, reason=reason, replicas=replicas)
 
     def replicas_for(self, rate_rps: float) -> int:
         return max(1, math.ceil(rate_rps / self.replica_rps - 1e-9))
@@ -181,8 +182,8 @@ class JointPolicy:
         if replicas <= 1:
             return snapshot
         observation = snapshot.observation
-        share = replace(observation, rate_rps=observation.arrival_rate_rps / replicas)
-        return replace(snapshot, observation=share, forecast=self._share(snapshot, replicas))
+        share = evolve(observation, rate_rps=observation.arrival_rate_rps / replicas)
+        return evolve(snapshot, observation=share, forecast=self._share(snapshot, replicas))
 
     def _share(self, snapshot: Snapshot, replicas: int) -> Forecast | None:
         forecast = snapshot.forecast

@@ -195,6 +195,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, default=0, help="seed for arrivals and jitter")
     run.add_argument("--out", type=Path, help="write summary.json, timelines and plots here")
     run.add_argument("--json", action="store_true", help="print only the summary JSON on stdout")
+    run.add_argument(
+        "--processes",
+        type=positive_int_arg,
+        help="replay the policies in up to N processes (default: one per core; 1 keeps "
+        "the replay in this process)",
+    )
     run.add_argument("--no-progress", action="store_true", help="never show a progress bar")
     return parser
 
@@ -250,7 +256,9 @@ def _run(args: argparse.Namespace) -> int:
     specs = args.policy or DEFAULT_POLICIES
     policies = [build_policy(spec, context) for spec in specs]
     shadows = [build_policy(args.shadow, context) if args.shadow else None for _ in specs]
-    report = _simulate_with_progress(trace, policies, settings, latency, args.no_progress, shadows)
+    report = _simulate_with_progress(
+        trace, policies, settings, latency, args.no_progress, shadows, args.processes
+    )
     _emit(report, args)
     return 0
 
@@ -348,7 +356,7 @@ def _load(args: argparse.Namespace) -> Trace:
 
 
 def _simulate_with_progress(
-    trace, policies, settings, latency, no_progress, shadows=None
+    trace, policies, settings, latency, no_progress, shadows=None, processes=None
 ) -> SimulationReport:
     from tqdm import tqdm
 
@@ -366,7 +374,15 @@ def _simulate_with_progress(
         def advance(t_s: float) -> None:
             bar.update(round(t_s) - bar.n)
 
-        return simulate(trace, policies, settings, latency, on_progress=advance, shadows=shadows)
+        return simulate(
+            trace,
+            policies,
+            settings,
+            latency,
+            on_progress=advance,
+            shadows=shadows,
+            processes=processes,
+        )
 
 
 def _emit(report: SimulationReport, args: argparse.Namespace) -> None:

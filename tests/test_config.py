@@ -8,7 +8,9 @@ from hypothesis import strategies as st
 
 from adaptive.config import BatchConfig
 from adaptive.decisions import config_dict
+from adaptive.policy import Observation
 from tidal_base.errors import InvalidInput
+from tidal_base.values import evolve
 
 caps = st.integers(1, 8192)
 # The API's resolution: config_dict writes the timeout in ms with 3 decimals.
@@ -75,3 +77,18 @@ def test_equal_exactly_when_they_run_the_same(a, b):
         b.warm_target,
     )
     assert (a == b) == runs_the_same
+
+
+@given(rate=st.floats(0, 1e6), queue=st.integers(0, 10**6))
+def test_evolve_is_dataclasses_replace(rate, queue):
+    seen = Observation(10.0, 1.0, 5, 4, 0, 1, 0.01, 0.02, 2.0, 0.5, 0.3, 2, 0.1)
+    fast = evolve(seen, rate_rps=rate, queue_depth=queue)
+    assert fast == dataclasses.replace(seen, rate_rps=rate, queue_depth=queue)
+    assert type(fast) is Observation and seen.rate_rps is None  # the original is kept
+
+
+def test_evolve_runs_post_init_where_a_class_has_one_and_refuses_unknown_fields():
+    # BatchConfig normalises warm_max_batch in __post_init__: evolve must not skip it.
+    assert evolve(BatchConfig(32, 0.01, 64), warm_max_batch=16) == BatchConfig(32, 0.01)
+    with pytest.raises(TypeError, match="no field 'cap'"):
+        evolve(Observation(0.0, 1.0, 0, 0, 0, 0, None, None, None, None, 0.0), cap=3)
