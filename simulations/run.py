@@ -366,7 +366,9 @@ def simulate(
 
     `shadows[i]`, when given, decides beside policy i and is only recorded. Policies
     replay in up to `processes` forked processes (None: one per usable core) when the
-    trace is long enough to pay for it; the results are the same either way."""
+    trace is long enough to pay for it; the results are the same either way. A caller
+    with threads of its own (a server) passes `processes=1`: a fork copies only the
+    calling thread, and any lock another thread held at that instant stays held."""
     shadows = list(shadows) if shadows is not None else [None] * len(policies)
     job = _ReplayJob(trace, settings, latency, tuple(zip(policies, shadows, strict=True)))
     groups = _process_groups(job, usable_cores() if processes is None else processes)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -399,8 +400,14 @@ class PoolControl:
             origin_s=float(first),
             guardrails=self.plan.guardrails,
         )
+        # In this process (processes=1): forking a server with live threads (the event
+        # loop, Redis connections) could copy a lock some other thread holds.
         report = await asyncio.to_thread(
-            simulate, trace, [current_policy, candidate_policy], settings, self.plan.latency
+            functools.partial(simulate, processes=1),
+            trace,
+            [current_policy, candidate_policy],
+            settings,
+            self.plan.latency,
         )
         current, proposed = (policy_summary(r) for r in report.results)
         return {
