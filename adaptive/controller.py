@@ -106,6 +106,7 @@ class Controller:
         fleet = settings.fleet
         # The replica count the pool should have; None for a fixed fleet.
         self.replicas: int | None = None if fleet is None else fleet.clamp(settings.workers)
+        self.slo_infeasible_since: float | None = None
         self.replica_changes = 0
 
     def adopt(self, config: BatchConfig) -> None:
@@ -274,6 +275,13 @@ class Controller:
             self.replicas = wanted
         if self.mode is Mode.FALLBACK:
             self.fallback_s += self.settings.tick_s
+        # Since when the policy predicts no config meets the SLO (None: it does, or it
+        # does not predict): the shell says so once, the API and a gauge show it.
+        if decision.meets_slo is False:
+            if self.slo_infeasible_since is None:
+                self.slo_infeasible_since = now
+        else:
+            self.slo_infeasible_since = None
         reason = decision.reason
         record = DecisionRecord(
             at_s=now,
@@ -297,6 +305,7 @@ class Controller:
             ),
             replicas_before=replicas_before,
             replicas=self.replicas,
+            meets_slo=decision.meets_slo,
         )
         self.last = record
         return record

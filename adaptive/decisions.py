@@ -76,6 +76,7 @@ class DecisionRecord:
     version: int = 0  # the config version the shell published it under (0: not numbered)
     replicas_before: int | None = None  # the desired replica count before this tick
     replicas: int | None = None  # ... and after it (None: a fixed fleet)
+    meets_slo: bool | None = None  # some config is predicted to meet the SLO (None: no prediction)
 
     @property
     def changed(self) -> bool:
@@ -118,6 +119,7 @@ class DecisionRecord:
             "version": self.version,
             "replicas": self.replicas,
             "replicas_before": self.replicas_before,
+            "meets_slo": self.meets_slo,
             "kind": self.kind,
             "reason": self.reason,
             "guard": self.guard,

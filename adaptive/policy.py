@@ -101,7 +101,8 @@ class Decision:
     (`planned_rate_rps`), and what else they weighed (`alternatives`). A policy that
     cuts its cap because latency already missed marks the move `protective`. A policy
     that plans capacity says how many replicas the pool should have (`replicas`), and
-    its reason says why.
+    its reason says why. A policy that predicts says whether any config is predicted to
+    meet the SLO at the load it plans for (`meets_slo`; None: it does not predict).
     """
 
     config: BatchConfig
@@ -111,6 +112,7 @@ class Decision:
     alternatives: tuple[Alternative, ...] = ()
     protective: bool = False  # a move made to protect latency: guards apply it at once
     replicas: int | None = None  # the replica count to have; None: no opinion (or fixed)
+    meets_slo: bool | None = None
 
 
 class Policy(Protocol):

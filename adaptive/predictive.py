@@ -27,6 +27,10 @@ from forecaster.forecast import Forecast
 from forecaster.models import Forecaster
 from tidal_base.units import format_duration
 
+INFEASIBLE_TIE = 1.1
+"""With no config predicted to meet the SLO, the config in force is held while its
+predicted p99 is within 10% of the best's."""
+
 
 @dataclass
 class PredictivePolicy:
@@ -94,6 +98,7 @@ class PredictivePolicy:
             planned_rate_rps=now_rps,
             alternatives=choice.alternatives,
             protective=current_p99_s > self.optimizer.target_p99_s,
+            meets_slo=choice.meets_slo,
         )
 
     def _rate_now(self, snapshot: Snapshot, forecast: Forecast) -> float:
@@ -148,6 +153,14 @@ class PredictivePolicy:
         ):
             return best
         plain = replace(current, warm_max_batch=0)
+        if not best.meets_slo:
+            # Nothing meets the SLO: the best effort moves with every wobble of the load
+            # (a change a second, each as far from the SLO as the last). Hold the config
+            # in force while its predicted p99 is within 10% of the best's.
+            held = self.optimizer.predict(plain, rate_rps)
+            if held.predicted_p99_s <= best.chosen.predicted_p99_s * INFEASIBLE_TIE:
+                return replace(best, chosen=held)
+            return best
         points = [self.optimizer.predict(plain, r) for r in (spread[0], rate_rps, spread[1])]
         worst_p99 = max(p.predicted_p99_s for p in points)
         cost = sum(p.busy_per_request_s for p in points) / 3

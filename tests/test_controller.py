@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from adaptive import predictive as predictive_module
 from adaptive.bus import PoolStats
 from adaptive.config import BatchConfig
 from adaptive.controller import Controller, ControllerSettings, Override, _more_cautious
@@ -304,3 +305,45 @@ def test_a_policy_that_fails_in_a_forked_replay_fails_the_replay_with_its_error(
     policies = [build_policy("aimd", policy_context(trace, LATENCY, pool)), Failing(1_800.0)]
     with pytest.raises(RuntimeError, match="policy bug at 1800 s"):
         simulate(trace, policies, settings, LATENCY, processes=2)
+
+
+def test_with_no_config_meeting_the_slo_predictive_holds_its_best_instead_of_flapping(
+    monkeypatch,
+):
+    """Found live (issue 4/6): a profile that cannot meet the SLO made predictive move
+    every second, each move as far from the SLO as the last. 9,000 req/s on four workers
+    is more than any config serves within 100 ms."""
+    counts = np.random.default_rng(1).poisson(9_000, 600)
+    (held,) = run(counts, ["predictive"], warmup_s=0.0)
+    monkeypatch.setattr(predictive_module, "INFEASIBLE_TIE", 1.0)  # no hold: the old rule
+    (flapping,) = run(counts, ["predictive"], warmup_s=0.0)
+    assert flapping.config_changes >= 20
+    assert held.config_changes <= 3
+    assert held.decisions and all(d.meets_slo is False for d in held.decisions)
+    assert held.decisions[0].to_dict()["meets_slo"] is False
+
+
+class Infeasible:
+    """Predicts no config meets the SLO until `until_s`, then that one does."""
+
+    spec = "infeasible"
+
+    def __init__(self, until_s: float) -> None:
+        self.until_s = until_s
+
+    def initial_config(self) -> BatchConfig:
+        return BatchConfig(8, 0.002)
+
+    def decide(self, snapshot):
+        meets = snapshot.now >= self.until_s
+        return Decision(snapshot.config, "best effort", meets_slo=meets)
+
+
+def test_the_controller_says_since_when_no_config_meets_the_slo():
+    controller = Controller(Infeasible(until_s=4.0), ControllerSettings(pool="p"))
+    stats = PoolStats(Observation(0.0, 1.0, 10, 10, 0, 0, 0.01, 0.02, 2.0, 0.5, 0.1))
+    since = []
+    for now in range(1, 6):
+        controller.step(float(now), stats)
+        since.append(controller.slo_infeasible_since)
+    assert since == [1.0, 1.0, 1.0, None, None]
