@@ -6,6 +6,7 @@ so every assertion is on exact instants, however busy the machine.
 
 import asyncio
 import contextlib
+import logging
 
 from virtual_time import run_virtual
 
@@ -14,6 +15,7 @@ from adaptive.config import BatchConfig
 from adaptive.controller import Controller, ControllerSettings, Override
 from adaptive.fleet import FleetLimits
 from adaptive.guards import Guardrails
+from adaptive.policy import Decision
 from adaptive.specs import PolicyContext, build_policy
 from server.bus.local import LocalPoolBus
 from server.control.loop import ControlLoop
@@ -207,3 +209,40 @@ def test_a_fixed_fleet_publishes_no_replica_count():
         return await bus.desired_replicas(POOL)
 
     assert run_virtual(scenario()) is None
+
+
+class Infeasible:
+    """Predicts no config meets the SLO while `infeasible` is set."""
+
+    spec = "infeasible"
+
+    def __init__(self) -> None:
+        self.infeasible = True
+
+    def initial_config(self) -> BatchConfig:
+        return BatchConfig(8, 0.002)
+
+    def decide(self, snapshot):
+        return Decision(snapshot.config, "best effort", meets_slo=not self.infeasible)
+
+
+def test_a_pool_no_config_can_serve_is_said_once_and_its_end_once(caplog):
+    async def scenario():
+        bus = LocalPoolBus()
+        policy = Infeasible()
+        loop = ControlLoop(Controller(policy, ControllerSettings(pool=POOL)), bus, "c1", 3.0)
+        async with running(worker(bus, "w1")):
+            for _ in range(5):
+                await loop.tick()
+                await asyncio.sleep(1.0)
+            policy.infeasible = False
+            for _ in range(3):
+                await loop.tick()
+                await asyncio.sleep(1.0)
+
+    with caplog.at_level(logging.INFO, "tidal.controller"):
+        run_virtual(scenario())
+    said = [r for r in caplog.records if "SLO" in r.getMessage()]
+    assert [r.levelno for r in said] == [logging.WARNING, logging.INFO]
+    assert "no config is predicted to meet the SLO of 100 ms" in said[0].getMessage()
+    assert "holding the best predicted (max_batch=8" in said[0].getMessage()

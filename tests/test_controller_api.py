@@ -307,6 +307,9 @@ def test_a_fleet_that_scales_says_how_many_replicas_it_wants():
     families = {f.name: f for f in text_string_to_metric_families(text)}
     gauge = families["tidal_controller_desired_replicas"].samples[0]
     assert gauge.labels == {"pool": "p"} and gauge.value == summary["desired_replicas"]
+    # A policy that does not predict never says the SLO cannot be met.
+    assert summary["slo_feasible"] is True and summary["slo_infeasible_for_s"] is None
+    assert families["tidal_controller_slo_infeasible"].samples[0].value == 0
 
 
 def test_an_operator_pins_a_replica_count_like_a_config():

@@ -301,6 +301,11 @@ async def _summary(control: PoolControl) -> dict[str, Any]:
         "workers_alive": state.workers_alive,
         # A fleet that scales (--max-replicas): how many replicas the pool should have.
         "desired_replicas": controller.replicas,
+        # False while the policy predicts no config meets the SLO (it holds its best).
+        "slo_feasible": controller.slo_infeasible_since is None,
+        "slo_infeasible_for_s": None
+        if controller.slo_infeasible_since is None
+        else round(control.loop.clock.now() - controller.slo_infeasible_since, 1),
         "engines": dict(sorted(state.engines.items())),
         "refusing": state.refusing,
         "unplanned_reloads": state.unplanned_reloads,

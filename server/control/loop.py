@@ -111,6 +111,7 @@ class ControlLoop:
         self._cursor = "$"  # only stats that arrive from now on
         self._refit: asyncio.Task | None = None
         self._replicas = 0
+        self._said_infeasible = False
 
     async def run(self) -> None:
         """Tick every `settings.tick_s` until cancelled; failures back off, never end it."""
@@ -136,6 +137,7 @@ class ControlLoop:
         record = None
         if reports:
             record = _step(self.controller, reports, self.clock.now(), self._replicas)
+            self._say_if_infeasible(record)
         await _stage("refit", self._refit_forecast())
         if self.state.leader:
             await _stage("publish", self.publish_if_changed())
@@ -149,6 +151,30 @@ class ControlLoop:
         self.state.last_tick_s = time.perf_counter() - started
         if self.observer is not None:
             self.observer(self, record)
+
+    def _say_if_infeasible(self, record: DecisionRecord) -> None:
+        """Once when the policy starts predicting that no config meets the SLO, once
+        when it stops: the state itself is in the API and a gauge."""
+        infeasible = self.controller.slo_infeasible_since is not None
+        if infeasible == self._said_infeasible:
+            return
+        self._said_infeasible = infeasible
+        rate = record.planned_rate_rps
+        load = f" at {rate:.0f} req/s" if rate is not None else ""
+        if infeasible:
+            p99 = record.predicted_p99_s
+            best = f", predicted p99 {p99 * 1e3:.0f} ms" if p99 is not None else ""
+            log.warning(
+                "%s: no config is predicted to meet the SLO of %.0f ms%s; holding the best "
+                "predicted (%s%s) until one is: add capacity or relax the SLO",
+                self.pool,
+                self.controller.settings.slo_s * 1e3,
+                load,
+                record.chosen.describe(),
+                best,
+            )
+        else:
+            log.info("%s: a config is predicted to meet the SLO again%s", self.pool, load)
 
     async def publish_if_changed(self) -> None:
         """As leader, publish the controller's config, and on a fleet that scales its

@@ -70,6 +70,11 @@ class _PoolCollector:
                 ),
                 ("forecast_error_requests_per_second", "Actual minus forecast mean, last step."),
                 (
+                    "slo_infeasible",
+                    "1 while the policy predicts that no config meets the SLO at the load it "
+                    "plans for (it holds the best it predicts).",
+                ),
+                (
                     "desired_replicas",
                     "Replicas the pool should have (a fleet that scales: --max-replicas); "
                     "an HPA or KEDA external metric can act on it.",
@@ -126,6 +131,7 @@ class _PoolCollector:
                 members.add_metric([pool, engine], count)
             if controller.replicas is not None:
                 values["desired_replicas"] = controller.replicas
+            values["slo_infeasible"] = int(controller.slo_infeasible_since is not None)
             feed = controller.feed
             if feed is not None and feed.last_error_rps is not None:
                 values["forecast_error_requests_per_second"] = feed.last_error_rps
