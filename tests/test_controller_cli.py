@@ -81,3 +81,15 @@ def test_the_demo_runs_end_to_end():
     assert f"http://127.0.0.1:{port}/v1/pools/demo/decisions" in done.stdout
     assert re.search(r"by status: \{'200': \d+\} ", done.stdout)  # every request answered
     assert "controller:" in done.stdout and "config changes" in done.stdout
+
+
+def test_the_demo_warns_when_its_latency_model_cannot_meet_the_slo_at_its_peak():
+    from adaptive.latency import parse_latency_model
+    from server.tools.demo import slo_warning
+
+    assert slo_warning(parse_latency_model("linear:5,0.4"), 2, 0.1, 160.0) is None
+    # 50 ms + 10 ms per item: one request alone takes 60 ms of a 100 ms SLO.
+    warning = slo_warning(parse_latency_model("linear:50,10"), 2, 0.1, 160.0)
+    assert warning is not None
+    assert "linear:50,10" in warning and "peaks at 160 req/s" in warning
+    assert "no config meets the SLO" in warning

@@ -20,10 +20,13 @@ import time
 from pathlib import Path
 
 import httpx
+import numpy as np
 
-from adaptive.latency import parse_latency_model
+from adaptive.latency import LatencyModel, parse_latency_model
+from adaptive.optimizer import ConfigOptimizer
 from forecaster.events import event_to_dict, load_events, rescale_events
 from forecaster.series import epoch_seconds
+from simulations.calibration import performance_table
 from simulations.cli import duration_arg, positive_float_arg
 from simulations.traces import load_trace
 from tidal_base.errors import InvalidInput
@@ -74,6 +77,9 @@ def run_demo(args: argparse.Namespace) -> int:
     workers = [f"http://127.0.0.1:{args.port + i}" for i in (1, 2)]
     print(f"tidal demo: working in {work}", flush=True)
     latency_model = args.latency_model or _profile(args.model, work)
+    warning = slo_warning(parse_latency_model(latency_model), 2, DEMO_SLO_S, args.peak_rps)
+    if warning is not None:
+        print(f"tidal demo: warning: {warning}", flush=True)
     token = secrets.token_urlsafe(24)
     (work / "token").write_text(token)
     log = (work / "controller.log").open("w")
@@ -111,6 +117,25 @@ def run_demo(args: argparse.Namespace) -> int:
     finally:
         _stop(controller)
     return 0
+
+
+DEMO_SLO_S = 0.1  # the controller's default SLO, which the demo keeps
+
+
+def slo_warning(latency: LatencyModel, workers: int, slo_s: float, peak_rps: float) -> str | None:
+    """Why the planner will find no config that meets the SLO at the replay's peak, or
+    None: the most any config serves within it, by the planner's own table (found live:
+    a profile taken on a busy machine made the demo change config every second)."""
+    optimizer = ConfigOptimizer(performance_table(latency, workers, slo_s, padded=False), slo_s)
+    best_rps = max(optimizer.capacity_rps(int(cap)) for cap in np.unique(optimizer.table.caps))
+    if peak_rps <= best_rps:
+        return None
+    return (
+        f"the latency model ({latency.describe()}) serves at most {best_rps:.0f} req/s within "
+        f"the SLO of {slo_s * 1e3:.0f} ms on {workers} workers, and the replay peaks at "
+        f"{peak_rps:.0f} req/s: the controller will say no config meets the SLO; lower "
+        "--peak-rps or profile on a quieter machine"
+    )
 
 
 def _profile(model: str, work: Path) -> str:
