@@ -79,18 +79,14 @@ import numpy as np
 import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from compressed_day import day_arrivals, write_day_events
 from redis_server import RedisProcess, free_port
 
 from adaptive.specs import parse_policy_spec
-from forecaster.events import event_to_dict, load_events, rescale_events
-from forecaster.series import epoch_seconds
 from server.bus.wire import decode_stats
-from simulations.traces import load_trace
 from tidal_base.errors import InvalidInput
 
 ROOT = Path(__file__).resolve().parent.parent
-TRACE = ROOT / "examples" / "promo_day.csv"
-EVENTS = ROOT / "examples" / "promo_day.events.yaml"
 APP = "promo-day"
 ROUTE = "/v1/infer"
 # Ray 2.60's @serve.batch defaults: ray/serve/batching.py, `def batch(...)`.
@@ -177,26 +173,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 # -- the day ---------------------------------------------------------------------------
-
-
-def day_arrivals(seconds: float, peak_rps: float, seed: int = 0) -> tuple[np.ndarray, float]:
-    """The day's arrival instants compressed into `seconds`, its busiest second scaled to
-    `peak_rps` (before compression), and the compression."""
-    trace = load_trace(TRACE)
-    time_scale = 86_400 / seconds
-    rate_scale = peak_rps / (float(trace.counts.max() / trace.step_s) * time_scale)
-    scaled = load_trace(TRACE, time_scale=time_scale, rate_scale=rate_scale)
-    rng = np.random.default_rng(seed)
-    parts = [arrivals for _, arrivals in scaled.arrival_chunks(5.0, rng)]
-    times = np.concatenate(parts) if parts else np.zeros(0)
-    return times[times < seconds], time_scale
-
-
-def declare_events(path: Path, time_scale: float, start_at: float) -> None:
-    """The day's flash sales on the replay's clock, for `tidal controller --events`."""
-    origin = epoch_seconds(load_trace(TRACE).origin)
-    events = rescale_events(load_events(EVENTS), origin, time_scale, start_at)
-    path.write_text(json.dumps({"events": [event_to_dict(e) for e in events]}))
 
 
 def busiest_second(arrivals: np.ndarray) -> int:
@@ -460,7 +436,7 @@ def run_policy(
     arrivals, time_scale = day_arrivals(args.seconds, args.peak_rps)
     start_at = time.time() + LEAD_S
     events = work / f"events-{index}.json"
-    declare_events(events, time_scale, start_at)
+    write_day_events(events, time_scale, start_at)
     with serving(policy, pool, redis_url, latency_model, args.slo_ms, work, events) as steered:
         probe(url, payloads, content_type)
         # The probes' window must be sent before the day's first: wait out one window.

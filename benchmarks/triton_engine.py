@@ -49,18 +49,14 @@ import redis
 import tritonclient.grpc as triton_grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from compressed_day import day_arrivals, write_day_events
 from redis_server import RedisProcess, free_port
 
-from forecaster.events import event_to_dict, load_events, rescale_events
-from forecaster.series import epoch_seconds
 from server.bus.wire import decode_stats
 from server.engines.triton import parse_batch_stats, parse_metrics
 from server.engines.triton_local import TritonProcess, replay, steady_arrivals
-from simulations.traces import load_trace
 
 ROOT = Path(__file__).resolve().parent.parent
-TRACE = ROOT / "examples" / "promo_day.csv"
-EVENTS = ROOT / "examples" / "promo_day.events.yaml"
 MODELS = ROOT / "examples" / "triton" / "models"
 MODEL = "tidal_sleep"
 OWN = "static:max_batch=8,timeout=5ms"  # examples/triton/models/tidal_sleep/config.pbtxt
@@ -139,17 +135,6 @@ def calibrate(triton: TritonProcess, rate_rps: float, seconds: float) -> tuple[f
     return max(float(base), 0.1) + overhead_ms, max(float(per_item), 0.01)
 
 
-def day_arrivals(seconds: float, peak_rps: float, seed: int = 0) -> tuple[np.ndarray, float]:
-    trace = load_trace(TRACE)
-    time_scale = 86_400 / seconds
-    rate_scale = peak_rps / (float(trace.counts.max() / trace.step_s) * time_scale)
-    scaled = load_trace(TRACE, time_scale=time_scale, rate_scale=rate_scale)
-    rng = np.random.default_rng(seed)
-    parts = [arrivals for _, arrivals in scaled.arrival_chunks(5.0, rng)]
-    times = np.concatenate(parts) if parts else np.zeros(0)
-    return times[times < seconds], time_scale
-
-
 def run_policy(
     policy: str,
     index: int,
@@ -162,10 +147,8 @@ def run_policy(
     pool = f"triton{index}"
     arrivals, time_scale = day_arrivals(args.seconds, args.peak_rps)
     start_at = time.time() + 15.0  # the controller compiles its table meanwhile
-    trace = load_trace(TRACE)
-    events = rescale_events(load_events(EVENTS), epoch_seconds(trace.origin), time_scale, start_at)
     events_path = work / f"events-{index}.json"
-    events_path.write_text(json.dumps({"events": [event_to_dict(e) for e in events]}))
+    write_day_events(events_path, time_scale, start_at)
     port = free_port()
     api = f"http://127.0.0.1:{port}"
     name = policy.split(":")[0] + str(index)
