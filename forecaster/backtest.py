@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from forecaster.conformal import ANALYTIC, CONFORMAL, BandCalibrator
 from forecaster.models import Forecaster
 from forecaster.series import RateSeries
 from tidal_base.errors import InvalidInput
@@ -24,8 +25,11 @@ class BacktestSettings:
     refit_every_steps: int
     history_steps: int
     level: float = 0.9
+    band: str = CONFORMAL  # or "analytic": the model's own band
 
     def __post_init__(self) -> None:
+        if self.band not in (CONFORMAL, ANALYTIC):
+            raise InvalidInput(f"band must be conformal or analytic, got {self.band!r}")
         if self.horizon_steps < 1:
             raise InvalidInput("horizon must be at least one step")
         if self.initial_steps < 10:
@@ -45,6 +49,7 @@ class BacktestResult:
     update_predict_ms_p99: float
     fit_s: float
     fallback: str | None
+    conformal_share: float  # origins whose whole horizon had a calibrated band
     times_s: np.ndarray
     actual: np.ndarray
     mean: np.ndarray
@@ -63,6 +68,8 @@ def backtest(model: Forecaster, series: RateSeries, settings: BacktestSettings) 
     origins = range(settings.initial_steps, n - h + 1)
     predictions = np.empty((len(origins), 3, h))
     step_ms, fit_s, fallback, fitted = [], [], None, None
+    calibrator = BandCalibrator(h) if settings.band == CONFORMAL else None
+    calibrated = 0
     for row, origin in enumerate(origins):
         since = origin - settings.initial_steps
         refit = fitted is None or since % settings.refit_every_steps == 0
@@ -74,14 +81,26 @@ def backtest(model: Forecaster, series: RateSeries, settings: BacktestSettings) 
         if not refit:
             fitted.update(series.counts[origin - 1 : origin])
         forecast = fitted.predict(h, settings.level)
-        if not refit:  # the controller's per-tick cost: update + predict
+        if calibrator is not None:
+            forecast = _calibrated(calibrator, forecast, series, origin)
+            calibrated += forecast.band == CONFORMAL
+        if not refit:  # the controller's per-tick cost: update + predict (+ calibrate)
             step_ms.append((time.perf_counter() - started) * 1e3)
         fallback = fallback or forecast.fallback
         predictions[row] = forecast.mean, forecast.lower, forecast.upper
-    return _score(model, series, settings, origins, predictions, step_ms, fit_s, fallback)
+    share = calibrated / len(origins)
+    return _score(model, series, settings, origins, predictions, step_ms, fit_s, fallback, share)
 
 
-def _score(model, series, settings, origins, predictions, step_ms, fit_s, fallback):
+def _calibrated(calibrator: BandCalibrator, raw, series: RateSeries, origin: int):
+    """Score the step that just closed, file the raw forecast, calibrate it."""
+    last = origin - 1
+    calibrator.observe(series.start_s + last * series.step_s, float(series.counts[last]))
+    calibrator.record(raw)
+    return calibrator.calibrate(raw)
+
+
+def _score(model, series, settings, origins, predictions, step_ms, fit_s, fallback, share):
     h = settings.horizon_steps
     index = np.arange(origins.start, origins.stop)[:, None] + np.arange(h)[None, :]
     actual = series.counts[index]
@@ -102,6 +121,7 @@ def _score(model, series, settings, origins, predictions, step_ms, fit_s, fallba
         update_predict_ms_p99=float(np.percentile(step_ms, 99)) if step_ms else 0.0,
         fit_s=float(np.mean(fit_s)),
         fallback=fallback,
+        conformal_share=share,
         times_s=series.start_s + series.step_s * index[:, last],
         actual=actual[:, last],
         mean=mean[:, last],

@@ -13,7 +13,8 @@ class Forecast:
     """Requests per step ahead, with a central band at `level` (0.9: 5%..95%).
 
     times_s[i] is the start of the i-th step ahead. `fallback` says, in words, when a
-    simpler model stands in for the one asked for, and why.
+    simpler model stands in for the one asked for, and why; `band` whether the band is
+    the model's own (analytic) or calibrated on its recent errors (`forecaster.conformal`).
     """
 
     times_s: np.ndarray
@@ -26,6 +27,7 @@ class Forecast:
     fitted_at_s: float
     fallback: str | None = None
     events: tuple[str, ...] = ()
+    band: str = "analytic"
 
     # Rates per second, computed once per forecast (a policy reads them every tick) and
     # read-only, since every reader shares them.

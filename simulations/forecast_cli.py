@@ -48,6 +48,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     bt.add_argument("--events", type=Path, help="declared events (YAML or JSON)")
     bt.add_argument("--level", type=float, default=0.9, help="interval level (default 0.9)")
     bt.add_argument(
+        "--band",
+        choices=("conformal", "analytic"),
+        default="conformal",
+        help="conformal: calibrated on each model's recent residuals per horizon, as the "
+        "controller forecasts (default); analytic: the model's own band",
+    )
+    bt.add_argument(
         "--initial",
         help="history before the first origin (default: a quarter of the trace, at most 21d)",
     )
@@ -104,6 +111,7 @@ def _settings(args: argparse.Namespace, series: RateSeries) -> BacktestSettings:
         refit_every_steps=_steps(args.refit_every, step_s, "refit-every"),
         history_steps=_steps(args.history, step_s, "history"),
         level=args.level,
+        band=args.band,
     )
 
 
@@ -119,6 +127,7 @@ def _summary(trace, series, settings, results, specs, requested) -> dict:
         "step_s": series.step_s,
         "horizon_s": settings.horizon_steps * series.step_s,
         "level": settings.level,
+        "band": settings.band,
         "models": [
             {
                 "model": spec,
@@ -126,6 +135,7 @@ def _summary(trace, series, settings, results, specs, requested) -> dict:
                 "smape": round(r.smape, 5),
                 "mase": round(r.mae / baseline_mae, 4) if baseline_mae else math.nan,
                 "coverage": round(r.coverage, 4),
+                "conformal_share": round(r.conformal_share, 4),
                 "update_predict_ms_p99": round(r.update_predict_ms_p99, 4),
                 "update_predict_ms_mean": round(r.update_predict_ms_mean, 4),
                 "fit_s": round(r.fit_s, 4),
@@ -139,18 +149,24 @@ def _summary(trace, series, settings, results, specs, requested) -> dict:
 def _table(summary: dict) -> str:
     lines = [
         f"{summary['trace']}: step {summary['step_s']:g}s, horizon {summary['horizon_s']:g}s, "
-        f"{summary['level']:.0%} intervals; MASE is MAE over seasonal-naive's",
-        f"{'model':<22} {'MAE':>10} {'sMAPE':>7} {'MASE':>6} {'cover':>6} "
+        f"{summary['level']:.0%} {summary['band']} intervals; MASE is MAE over seasonal-naive's"
+        + ("; calib: origins with the whole horizon calibrated" if _calibrating(summary) else ""),
+        f"{'model':<22} {'MAE':>10} {'sMAPE':>7} {'MASE':>6} {'cover':>6} {'calib':>6} "
         f"{'upd+pred p99 ms':>15} {'fit s':>7}",
     ]
     for m in summary["models"]:
         lines.append(
             f"{m['model']:<22} {m['mae']:>10.1f} {m['smape']:>7.3f} {m['mase']:>6.3f} "
-            f"{m['coverage']:>6.1%} {m['update_predict_ms_p99']:>15.3f} {m['fit_s']:>7.3f}"
+            f"{m['coverage']:>6.1%} {m['conformal_share']:>6.1%} "
+            f"{m['update_predict_ms_p99']:>15.3f} {m['fit_s']:>7.3f}"
         )
         if m["fallback"]:
             lines.append(f"  note: {m['model']} fell back to {m['fallback']}")
     return "\n".join(lines)
+
+
+def _calibrating(summary: dict) -> bool:
+    return summary["band"] == "conformal"
 
 
 def _write_out(out: Path, summary: dict, results: list[BacktestResult], series) -> None:

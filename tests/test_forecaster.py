@@ -192,12 +192,14 @@ def test_backtest_command_json(tmp_path, capsys):
     assert tidal(argv) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["step_s"] == 600 and summary["horizon_s"] == 3600 and summary["level"] == 0.9
+    assert summary["band"] == "conformal"
     names = [m["model"] for m in summary["models"]]
     assert names == ["seasonal-naive", "holt", "holt-winters"]
     by_name = {m["model"]: m for m in summary["models"]}
     assert by_name["seasonal-naive"]["mase"] == 1.0
     assert by_name["holt-winters"]["mase"] < 1.0
     assert 0.6 < by_name["holt-winters"]["coverage"] <= 1.0
+    assert 0.0 < by_name["holt-winters"]["conformal_share"] <= 1.0
     assert (tmp_path / "out" / "backtest.png").stat().st_size > 0
 
 
