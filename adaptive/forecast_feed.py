@@ -6,6 +6,11 @@ policy asked for; every `refit_s` it is refitted on the recent history and swapp
 whole (fitting returns a new object). Until the model has enough history it stands in
 a last-value forecast, and says so in the forecast's `fallback`.
 
+The band is calibrated on the model's own recent errors per horizon
+(`forecaster.conformal`) once enough forecasts have met their actuals, and the
+calibration outlives refits; the oracle, which knows the future, and the stand-in keep
+their own band.
+
 The feed also scores the forecast: each step's actual count is checked against the band
 predicted for it one step earlier, and `outside_band_s` says how long actual load has
 run outside the band: the controller's trigger to fall back to a reactive policy.
@@ -19,6 +24,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from forecaster.conformal import CONFORMAL, BandCalibrator
 from forecaster.events import Event, EventAware, FittedEventAware
 from forecaster.forecast import Forecast
 from forecaster.known import KnownFuture
@@ -68,6 +74,7 @@ class ForecastFeed:
         refit_s: float = 1800.0,
         min_history_s: float = 1800.0,
         defer_fits: bool = False,
+        band: str = CONFORMAL,
     ) -> None:
         if step_s <= 0 or horizon_s <= 0:
             raise InvalidInput(f"forecast step and horizon must be > 0, got {step_s}, {horizon_s}")
@@ -82,6 +89,8 @@ class ForecastFeed:
         self._inner = forecaster
         self._model: Forecaster = forecaster if events is None else EventAware(forecaster, events)
         self._model_needs_no_history = isinstance(forecaster, KnownFuture)
+        calibrate = band == CONFORMAL and not self._model_needs_no_history
+        self._calibrator = BandCalibrator(self.horizon_steps) if calibrate else None
         self._stand_in: Forecaster = EventAware(SeasonalNaive(step_s), events or ())
         self._history: deque[float] = deque(maxlen=max(1, round(history_s / step_s)))
         self._fitted: FittedForecaster | None = None
@@ -182,6 +191,8 @@ class ForecastFeed:
 
     def _close_step(self, count: float, end_s: float) -> None:
         self._score(count, end_s)
+        if self._calibrator is not None:
+            self._calibrator.observe(self.origin_s + end_s - self.step_s, count)
         self._history.append(count)
         self._closed_steps += 1
         if self._fitted is not None and self._stand_in_reason is None:
@@ -251,6 +262,9 @@ class ForecastFeed:
     def _predict(self) -> Forecast:
         forecast = self._fitted.predict(self.horizon_steps, self.level)
         self._scored_stand_in = self._stand_in_reason is not None
-        if self._stand_in_reason is None:
+        if self._stand_in_reason is not None:
+            return replace(forecast, fallback=self._stand_in_reason)
+        if self._calibrator is None:
             return forecast
-        return replace(forecast, fallback=self._stand_in_reason)
+        self._calibrator.record(forecast)  # raw: scores measure the model's own errors
+        return self._calibrator.calibrate(forecast)

@@ -5,9 +5,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from adaptive.forecast_feed import ForecastFeed
 from forecaster.backtest import BacktestSettings, backtest
 from forecaster.conformal import BandCalibrator
 from forecaster.forecast import Forecast
+from forecaster.known import KnownFuture
 from forecaster.models import SeasonalNaive
 from forecaster.series import RateSeries
 from tidal_base.errors import InvalidInput
@@ -129,3 +131,34 @@ def test_backtest_calibrates_a_band_the_model_gets_wrong():
     assert conformal_result.mae == analytic_result.mae  # calibration never moves the mean
     with pytest.raises(InvalidInput, match="band must be conformal or analytic"):
         BacktestSettings(5, 300, 50, 300, band="wide")
+
+
+def feed_noise(feed: ForecastFeed, seconds: int, seed: int = 3) -> list[str]:
+    """Feed one step a second of noisy counts; the band the feed forecast with each step."""
+    rng = np.random.default_rng(seed)
+    bands = []
+    for second in range(1, seconds + 1):
+        forecast = feed.observe(float(second), int(rng.poisson(200)))
+        bands.append(None if forecast is None else forecast.band)
+    return bands
+
+
+def test_the_controllers_feed_calibrates_once_its_forecasts_have_met_their_actuals():
+    feed = ForecastFeed(
+        SeasonalNaive(10.0), step_s=1.0, horizon_s=5.0, min_history_s=30, refit_s=20
+    )
+    bands = feed_noise(feed, 200)
+    # 30 steps on the stand-in, then the model's own band until every one of its 7
+    # horizons holds 30 scores; then conformal, through refits every 20 steps.
+    assert bands[29].startswith("analytic") and feed.forecast.fallback is None
+    first = bands.index("conformal")
+    assert 30 + 30 <= first <= 30 + 30 + feed.horizon_steps
+    assert set(bands[first:]) == {"conformal"}
+
+
+def test_the_oracle_and_an_analytic_feed_keep_their_own_band():
+    truth = RateSeries(0.0, 1.0, np.full(300, 200.0))
+    oracle = ForecastFeed(KnownFuture(truth), step_s=1.0, horizon_s=5.0)
+    analytic = ForecastFeed(SeasonalNaive(10.0), step_s=1.0, horizon_s=5.0, band="analytic")
+    assert set(feed_noise(oracle, 120)) == {"analytic"}
+    assert set(feed_noise(analytic, 120)) <= {"analytic", None}

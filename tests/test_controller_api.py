@@ -235,6 +235,9 @@ def test_a_restarted_predictive_controller_forecasts_from_recorded_traffic():
     # 10 s steps of 40 req/s; the last step may hold the seconds since the record ended.
     assert history.size >= 110 and set(history[-100:-1]) == {400.0}
     assert 30.0 <= forecast["forecast"]["points"][0]["mean_rps"] <= 40.0
+    # 20 minutes are too little to fit on: the last-value stand-in, with its own band.
+    assert forecast["forecast"]["fallback"].startswith("last value")
+    assert forecast["forecast"]["band"] == "analytic"
 
 
 def test_bad_stored_settings_are_loud_and_the_plan_keeps_control():

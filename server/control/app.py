@@ -336,6 +336,7 @@ def _forecast(control: PoolControl) -> dict[str, Any]:
             "model": f.model,
             "fallback": f.fallback,
             "level": f.level,
+            "band": f.band,
             "events": list(f.events),
             "points": [
                 {
