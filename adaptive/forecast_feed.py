@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from forecaster.conformal import CONFORMAL, BandCalibrator
+from forecaster.conformal import CONFORMAL, BandCalibrator, check_band
 from forecaster.events import Event, EventAware, FittedEventAware
 from forecaster.forecast import Forecast
 from forecaster.known import KnownFuture
@@ -89,7 +89,7 @@ class ForecastFeed:
         self._inner = forecaster
         self._model: Forecaster = forecaster if events is None else EventAware(forecaster, events)
         self._model_needs_no_history = isinstance(forecaster, KnownFuture)
-        calibrate = band == CONFORMAL and not self._model_needs_no_history
+        calibrate = check_band(band) == CONFORMAL and not self._model_needs_no_history
         self._calibrator = BandCalibrator(self.horizon_steps) if calibrate else None
         self._stand_in: Forecaster = EventAware(SeasonalNaive(step_s), events or ())
         self._history: deque[float] = deque(maxlen=max(1, round(history_s / step_s)))

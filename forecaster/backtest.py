@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from forecaster.conformal import ANALYTIC, CONFORMAL, BandCalibrator
+from forecaster.conformal import CONFORMAL, BandCalibrator, check_band
 from forecaster.models import Forecaster
 from forecaster.series import RateSeries
 from tidal_base.errors import InvalidInput
@@ -28,8 +28,7 @@ class BacktestSettings:
     band: str = CONFORMAL  # or "analytic": the model's own band
 
     def __post_init__(self) -> None:
-        if self.band not in (CONFORMAL, ANALYTIC):
-            raise InvalidInput(f"band must be conformal or analytic, got {self.band!r}")
+        check_band(self.band)
         if self.horizon_steps < 1:
             raise InvalidInput("horizon must be at least one step")
         if self.initial_steps < 10:

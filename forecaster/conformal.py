@@ -28,6 +28,14 @@ from tidal_base.errors import InvalidInput
 
 ANALYTIC = "analytic"
 CONFORMAL = "conformal"
+BANDS = (CONFORMAL, ANALYTIC)
+
+
+def check_band(band: str) -> str:
+    """`band` if it names a band kind, else the `InvalidInput` that says which exist."""
+    if band not in BANDS:
+        raise InvalidInput(f"band must be conformal or analytic, got {band!r}")
+    return band
 
 
 class BandCalibrator:

@@ -49,7 +49,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     bt.add_argument("--level", type=float, default=0.9, help="interval level (default 0.9)")
     bt.add_argument(
         "--band",
-        choices=("conformal", "analytic"),
+        choices=("conformal", "analytic"),  # forecaster.conformal.BANDS, without numpy
         default="conformal",
         help="conformal: calibrated on each model's recent residuals per horizon, as the "
         "controller forecasts (default); analytic: the model's own band",
@@ -150,7 +150,11 @@ def _table(summary: dict) -> str:
     lines = [
         f"{summary['trace']}: step {summary['step_s']:g}s, horizon {summary['horizon_s']:g}s, "
         f"{summary['level']:.0%} {summary['band']} intervals; MASE is MAE over seasonal-naive's"
-        + ("; calib: origins with the whole horizon calibrated" if _calibrating(summary) else ""),
+        + (
+            "; calib: origins with the whole horizon calibrated"
+            if summary["band"] == "conformal"
+            else ""
+        ),
         f"{'model':<22} {'MAE':>10} {'sMAPE':>7} {'MASE':>6} {'cover':>6} {'calib':>6} "
         f"{'upd+pred p99 ms':>15} {'fit s':>7}",
     ]
@@ -163,10 +167,6 @@ def _table(summary: dict) -> str:
         if m["fallback"]:
             lines.append(f"  note: {m['model']} fell back to {m['fallback']}")
     return "\n".join(lines)
-
-
-def _calibrating(summary: dict) -> bool:
-    return summary["band"] == "conformal"
 
 
 def _write_out(out: Path, summary: dict, results: list[BacktestResult], series) -> None:

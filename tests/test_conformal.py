@@ -162,3 +162,8 @@ def test_the_oracle_and_an_analytic_feed_keep_their_own_band():
     analytic = ForecastFeed(SeasonalNaive(10.0), step_s=1.0, horizon_s=5.0, band="analytic")
     assert set(feed_noise(oracle, 120)) == {"analytic"}
     assert set(feed_noise(analytic, 120)) <= {"analytic", None}
+
+
+def test_the_feed_refuses_a_band_it_does_not_know():
+    with pytest.raises(InvalidInput, match="band must be conformal or analytic, got 'wide'"):
+        ForecastFeed(SeasonalNaive(10.0), step_s=1.0, horizon_s=5.0, band="wide")
