@@ -18,6 +18,7 @@ import numpy as np
 
 from adaptive.config import BatchConfig
 from adaptive.histogram import BUCKET_REPRESENTATIVES_S, NUM_BUCKETS
+from adaptive.learned_latency import ExecutionTimes
 from adaptive.policy import Observation
 
 
@@ -31,11 +32,14 @@ class VersionedConfig:
 class PoolStats:
     """What a pool's workers reported for one control tick: the observation the
     controller steps on, the buckets every worker has warm (None: the engine does not
-    model warm-up; (): nothing is warm yet) and the oldest config version running."""
+    model warm-up; (): nothing is warm yet), the oldest config version running, and the
+    execution times the workers measured per padded batch size (for the learned latency
+    model; () where none were reported)."""
 
     observation: Observation
     warmed_buckets: tuple[int, ...] | None = None
     config_version: int = 0
+    execution: tuple[ExecutionTimes, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +79,10 @@ class WorkerStats:
     # this report alone, so the simulator does not rescan 1,282 buckets per tick.
     latency_p50_s: float | None = None
     latency_p99_s: float | None = None
+    # Execution times of the window's batches by padded size (a live worker measures
+    # them; () from a reporter that does not, such as the simulator, whose times are
+    # its latency model by construction).
+    execution: tuple[ExecutionTimes, ...] = ()
 
     def __post_init__(self) -> None:
         if self.batches is None:
@@ -135,7 +143,8 @@ def observe_pool(
         rate_rps=arrivals * max(workers, 1) / covered_s if covered_s else 0.0,
     )
     version = min((r.config_version for r in reports), default=0)
-    return PoolStats(observation, _warm_everywhere(latest.values()), version)
+    execution = tuple(t for r in reports for t in r.execution)
+    return PoolStats(observation, _warm_everywhere(latest.values()), version, execution)
 
 
 def _latency_quantiles(reports: Sequence[WorkerStats]) -> tuple[float | None, float | None]:

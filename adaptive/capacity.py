@@ -59,11 +59,7 @@ class JointPolicy:
             raise InvalidInput(f"headroom must be in (0, 1], got {self.headroom}")
         if self.scale_in_after_s < 0:
             raise InvalidInput(f"scale_in must be >= 0, got {self.scale_in_after_s}")
-        optimizer = self.batching.optimizer
-        # What one replica serves within the SLO at its best config, with headroom.
-        self.replica_rps = self.headroom * max(
-            optimizer.capacity_rps(int(cap)) for cap in np.unique(optimizer.table.caps)
-        )
+        self.replica_rps = _replica_rps(self.batching.optimizer, self.headroom)
         if self.replica_rps <= 0:
             raise InvalidInput("no config is predicted to meet the SLO on one replica")
 
@@ -95,6 +91,13 @@ class JointPolicy:
 
     def initial_config(self) -> BatchConfig:
         return self.batching.initial_config()
+
+    def replan(self, optimizer: ConfigOptimizer) -> None:
+        """A table rebuilt for one replica: batches and the replica count plan with it.
+        One that says no replica can meet the SLO keeps the replica capacity it had."""
+        self.batching.replan(optimizer)
+        self._peak_ahead = None
+        self.replica_rps = _replica_rps(optimizer, self.headroom) or self.replica_rps
 
     def horizon_s(self, warmup_s: float, tick_s: float, reload_s: float = 0.0) -> float:
         """Far enough to see a rise a new replica must be started for."""
@@ -200,3 +203,10 @@ class JointPolicy:
         )
         self._scaled = (forecast, replicas, scaled)
         return scaled
+
+
+def _replica_rps(optimizer: ConfigOptimizer, headroom: float) -> float:
+    """What one replica serves within the SLO at its best config, with headroom (0: no
+    config is predicted to meet it)."""
+    caps = np.unique(optimizer.table.caps)
+    return headroom * max(optimizer.capacity_rps(int(cap)) for cap in caps)

@@ -7,6 +7,13 @@ run. It reads no clock and does no I/O: the shells (the simulator's per-policy d
 the live control loop) hand it the time and the `PoolStats` built by
 `adaptive.bus.observe_pool`, and publish, number and log what it decided.
 
+Planning on the hardware as it serves: given the latency model the pool was planned
+with (`ControllerSettings.latency`) and a way to compile tables (`compile_table`), the
+controller learns each padded batch size's execution time from the workers' reports
+(`adaptive.learned_latency`); when the learned model drifts past a threshold from the
+one the planner's table came from, it asks for the table to be rebuilt (`ReplanJob`,
+run on a thread by the live shell) and the next decision record says so.
+
 Tail safety: when actual load runs outside the forecast band for `fallback_after_s`
 (or there is no forecast yet), the fallback policy (reactive by default) decides until
 the forecast has been right again for `recover_after_s`. A shadow policy decides beside
@@ -15,6 +22,7 @@ the active one on the same snapshots; its answers are recorded and never applied
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -26,7 +34,10 @@ from adaptive.decisions import DecisionRecord, ForecastUsed, Mode, ShadowDecisio
 from adaptive.fleet import FleetLimits, FleetView
 from adaptive.forecast_feed import ForecastFeed
 from adaptive.guards import Guard, Guardrails
-from adaptive.policy import Decision, ForecastingPolicy, Policy, Snapshot
+from adaptive.latency import LatencyModel
+from adaptive.learned_latency import Drift, LatencyLearner, LearningSettings
+from adaptive.optimizer import ConfigOptimizer, PerformanceTable
+from adaptive.policy import Decision, ForecastingPolicy, PlanningPolicy, Policy, Snapshot
 from adaptive.reactive import ReactivePolicy
 from forecaster.events import Event
 from forecaster.forecast import Forecast
@@ -60,6 +71,8 @@ class ControllerSettings:
     guardrails: Guardrails = field(default_factory=Guardrails)
     defer_fits: bool = False  # the live loop refits forecasts on a thread (ForecastFeed)
     fleet: FleetLimits | None = None  # None: a fixed fleet of `workers`
+    latency: LatencyModel | None = None  # the model planned with; None: learn nothing
+    learning: LearningSettings = field(default_factory=LearningSettings)
 
     def __post_init__(self) -> None:
         if self.tick_s <= 0:
@@ -73,6 +86,27 @@ class ControllerSettings:
         return ChangeCost(self.warmup_s, self.reload_s)
 
 
+TableCompiler = Callable[[LatencyModel, int, float], PerformanceTable]
+"""Compiles the optimiser's table for (latency model, workers, SLO): the shell's part."""
+
+
+@dataclass(frozen=True)
+class ReplanJob:
+    """A planner's table to rebuild for a learned latency model (seconds of CPU: the live
+    shell runs `run` on a thread and hands the result to `Controller.install_replan`)."""
+
+    model: LatencyModel
+    drift: Drift
+    optimizers: tuple[ConfigOptimizer, ...]  # those in use, one per planning policy
+
+    def run(self, compile_table: TableCompiler) -> tuple[ConfigOptimizer, ...]:
+        """The same optimisers (SLO, margin, pool size) on tables of the new model."""
+        return tuple(
+            ConfigOptimizer(compile_table(self.model, o.table.workers, o.slo_s), o.slo_s, o.margin)
+            for o in self.optimizers
+        )
+
+
 class Controller:
     """Decides a pool's batch config every tick; the same code in simulation and live."""
 
@@ -83,6 +117,7 @@ class Controller:
         *,
         fallback: Policy | None = None,
         shadow: Policy | None = None,
+        compile_table: TableCompiler | None = None,
     ) -> None:
         self.policy = policy
         self.settings = settings
@@ -108,6 +143,18 @@ class Controller:
         self.replicas: int | None = None if fleet is None else fleet.clamp(settings.workers)
         self.slo_infeasible_since: float | None = None
         self.replica_changes = 0
+        # The learned latency model, the model the planner's table was compiled from,
+        # and the rebuilds: asked for (`_replan`), taken by the shell, installed.
+        prior = settings.latency
+        self.latency = None if prior is None else LatencyLearner(prior, settings.learning)
+        self.planned_latency = settings.latency
+        self.replans = 0
+        self.last_replan: str | None = None  # why the table was last rebuilt
+        self._compile_table = compile_table
+        self._replan: ReplanJob | None = None
+        self._replan_taken = False
+        self._replanned_at = -float("inf")
+        self._replan_note: str | None = None  # for the next decision record
 
     def adopt(self, config: BatchConfig) -> None:
         """Take over a pool whose workers run `config` (a new leader, a policy switch)."""
@@ -172,6 +219,7 @@ class Controller:
         """One control step at `now` (seconds on the shell's clock) on one tick's stats;
         `fleet` is the pool's replicas as the shell sees them (a fleet that can change)."""
         forecast = self._observe(now, stats)
+        self._learn(now, stats)
         fleet = self._fleet_view(fleet)
         snapshot = Snapshot(
             now=now,
@@ -187,6 +235,65 @@ class Controller:
             reload_s=self.settings.reload_s,
         )
         return self._decide(snapshot)
+
+    # -- the learned latency model -------------------------------------------------------
+
+    def _planners(self) -> tuple[PlanningPolicy, ...]:
+        return tuple(p for p in (self.policy, self.shadow) if isinstance(p, PlanningPolicy))
+
+    def _learn(self, now: float, stats: PoolStats) -> None:
+        """Take the tick's execution times; ask for a rebuilt table on drift."""
+        learner = self.latency
+        if learner is None:
+            return
+        if stats.execution:
+            learner.observe(now, stats.execution)
+        learning = self.settings.learning
+        if (
+            self._compile_table is None
+            or self._replan is not None
+            or now - self._replanned_at < learning.min_interval_s
+            or not self._planners()
+        ):
+            return
+        drift = learner.drift(self.planned_latency)
+        if drift.batch_size is None or abs(drift.relative) < learning.drift_threshold:
+            return
+        planners = self._planners()
+        self._replan = ReplanJob(learner.model(), drift, tuple(p.optimizer for p in planners))
+        self._replanned_at = now
+        if not self.settings.defer_fits:  # a synchronous shell rebuilds in the step
+            job = self.take_replan_job()
+            self.install_replan(job, job.run(self._compile_table))
+
+    def take_replan_job(self) -> ReplanJob | None:
+        """The rebuild asked for and not yet taken (the shell runs it, then installs it)."""
+        if self._replan is None or self._replan_taken:
+            return None
+        self._replan_taken = True
+        return self._replan
+
+    def run_replan(self, job: ReplanJob) -> tuple[ConfigOptimizer, ...]:
+        """`job` with this controller's table compiler (for the shell's thread)."""
+        return job.run(self._compile_table)
+
+    def install_replan(self, job: ReplanJob, optimizers: tuple[ConfigOptimizer, ...]) -> None:
+        """Plan on the rebuilt tables from the next step; the next record says why."""
+        for policy, optimizer in zip(self._planners(), optimizers, strict=True):
+            policy.replan(optimizer)
+        self.planned_latency = job.model
+        self.replans += 1
+        self.last_replan = (
+            f"latency model rebuilt from serving ({job.drift.describe()}): "
+            f"planning on {job.model.describe()}"
+        )
+        self._replan_note = self.last_replan
+        self._replan, self._replan_taken = None, False
+
+    def replan_failed(self, job: ReplanJob) -> None:
+        """The shell could not rebuild (it logs why): ask again after the interval."""
+        if self._replan is job:
+            self._replan, self._replan_taken = None, False
 
     def _fleet_view(self, seen: FleetView | None) -> FleetView | None:
         """What the policy sees of the fleet: the shell's view with the count asked for,
@@ -306,7 +413,11 @@ class Controller:
             replicas_before=replicas_before,
             replicas=self.replicas,
             meets_slo=decision.meets_slo,
+            replanned=self._replan_note,
         )
+        if self._replan_note is not None:
+            record = replace(record, noteworthy=True)
+            self._replan_note = None
         self.last = record
         return record
 

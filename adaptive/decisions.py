@@ -77,6 +77,7 @@ class DecisionRecord:
     replicas_before: int | None = None  # the desired replica count before this tick
     replicas: int | None = None  # ... and after it (None: a fixed fleet)
     meets_slo: bool | None = None  # some config is predicted to meet the SLO (None: no prediction)
+    replanned: str | None = None  # the planner's table was rebuilt before this tick: why
 
     @property
     def changed(self) -> bool:
@@ -120,6 +121,7 @@ class DecisionRecord:
             "replicas": self.replicas,
             "replicas_before": self.replicas_before,
             "meets_slo": self.meets_slo,
+            "replanned": self.replanned,
             "kind": self.kind,
             "reason": self.reason,
             "guard": self.guard,

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from adaptive.config import BatchConfig
-from adaptive.optimizer import Alternative
+from adaptive.optimizer import Alternative, ConfigOptimizer
 
 if TYPE_CHECKING:
     from adaptive.fleet import FleetView
@@ -147,6 +147,20 @@ class ForecastingPolicy(Policy, Protocol):
     def horizon_s(self, warmup_s: float, tick_s: float, reload_s: float = 0.0) -> float:
         """How far ahead the forecast must reach, given what a change costs (warm-up
         per bucket, reload per change) and the tick."""
+        ...
+
+
+@runtime_checkable
+class PlanningPolicy(Policy, Protocol):
+    """A policy that plans with an optimiser's table (`adaptive.optimizer`): the shell may
+    hand it one rebuilt for a newer latency model between steps."""
+
+    @property
+    def optimizer(self) -> ConfigOptimizer: ...
+
+    def replan(self, optimizer: ConfigOptimizer) -> None:
+        """Plan with `optimizer` from the next step on; it has the SLO, margin and pool
+        size of the one it replaces. What the policy learnt of the load is kept."""
         ...
 
 

@@ -59,6 +59,10 @@ class PredictivePolicy:
     def initial_config(self) -> BatchConfig:
         return BatchConfig(32, 0.01)
 
+    def replan(self, optimizer: ConfigOptimizer) -> None:
+        self.optimizer = optimizer
+        self._needs = None  # the caps each forecast step needs, by the old table
+
     def horizon_s(self, warmup_s: float, tick_s: float, reload_s: float = 0.0) -> float:
         if self.lead_s is not None:
             return self.lead_s

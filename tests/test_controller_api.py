@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 
 import httpx
+import numpy as np
+import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 from redis_server import redis_server
@@ -332,3 +335,61 @@ def test_an_operator_pins_a_replica_count_like_a_config():
     assert held["desired_replicas"] == 3 and held["mode"] == "override"
     assert fixed.status_code == 422 and fixed.json()["field"] == "replicas"
     assert "--max-replicas" in fixed.json()["error"]
+
+
+async def report_slow_batches(bus) -> None:
+    """A worker whose batches of 4 take 20 ms where the plan (linear:5,0.4) says 6.6 ms."""
+    from adaptive.learned_latency import ExecutionTimes
+
+    slow = (ExecutionTimes.from_samples(4, [0.020] * 10),)
+    while True:
+        stats = WorkerStats(
+            "w", 0.05, 40, 40, 0, (), 0.0, ((4, 10),), 0.2, 0, 8, (1, 2, 4, 8), 1,
+            execution=slow,
+        )  # fmt: skip
+        await bus.publish_worker_stats("p", stats)
+        await asyncio.sleep(0.05)
+
+
+def test_a_pool_learns_its_latency_from_serving_and_replans_on_it(tmp_path):
+    from adaptive.latency import load_latency_table
+
+    async def scenario():
+        bus = LocalPoolBus()
+        async with running(bus, policy="predictive") as (control, api):
+            before = (await api.get("/v1/pools/p/latency-model")).json()
+            worker = asyncio.create_task(report_slow_batches(bus))
+            while control.loop.state.replans < 1:
+                await asyncio.sleep(0.02)
+            learned = (await api.get("/v1/pools/p/latency-model")).json()
+            profile = (await api.get("/v1/pools/p/latency-model?format=profile")).json()
+            bad = await api.get("/v1/pools/p/latency-model?format=csv")
+            replanned = []
+            while not replanned:  # the next tick's record says why (recorded as leader)
+                await asyncio.sleep(0.02)
+                decisions = (await api.get("/v1/pools/p/decisions?limit=1000")).json()
+                replanned = [d for d in decisions["decisions"] if d.get("replanned")]
+            scraped = (await api.get("/metrics")).text
+            worker.cancel()
+            return before, learned, profile, bad, replanned, scraped
+
+    before, learned, profile, bad, replanned, scraped = asyncio.run(scenario())
+    assert before["measured_batches"] == 0 and before["rebuilds"] == 0
+    assert {s["source"] for s in before["sizes"]} == {"prior"}
+    assert before["model"] == before["prior"] == "linear:5,0.4"
+    four = next(s for s in learned["sizes"] if s["batch_size"] == 4)
+    assert four["source"] in ("blended", "measured") and four["batches"] >= 30
+    assert 6.6 < four["mean_ms"] < 20.0
+    eight = next(s for s in learned["sizes"] if s["batch_size"] == 8)
+    assert eight["source"].startswith("prior x")  # scaled by the slowdown batch 4 shows
+    assert learned["rebuilds"] >= 1 and "batch 4" in learned["last_rebuild"]
+    assert learned["planned_with"].startswith("learned from")
+    path = tmp_path / "learned.json"
+    path.write_text(json.dumps(profile))
+    table = load_latency_table(path)  # what `simulate --latency-model` loads
+    assert table.mean_s(np.array([4.0]))[0] * 1e3 == pytest.approx(four["mean_ms"], rel=0.05)
+    assert bad.status_code == 422
+    assert "rebuilt from serving" in replanned[0]["replanned"]
+    families = {f.name: f for f in text_string_to_metric_families(scraped)}
+    rebuilds = families["tidal_controller_latency_model_rebuilds"].samples
+    assert rebuilds[0].value >= 1

@@ -481,3 +481,27 @@ def test_instances_run_on_threads_at_the_same_time():
         return [r.output for r in results], batcher.stats.failed
 
     assert run(scenario()) == ([2 * i for i in range(8)], 0)
+
+
+def test_the_window_reports_execution_times_by_the_padded_size_that_ran():
+    from server.worker.reporter import StatsCollector
+
+    async def scenario():
+        runner = cold()
+        service = lambda size, padded: 0.010 + 0.001 * padded  # noqa: E731
+        batcher = virtual(runner, BatchConfig(8, 0.5), service, warm_at_start=False)
+        collector = StatsCollector(batcher, "w", 1.0)
+        await batcher.start()
+        await asyncio.gather(*(batcher.submit(i) for i in range(3)))  # one batch of 3
+        await asyncio.gather(*(batcher.submit(i) for i in range(8)))  # one of 8
+        stats = collector.collect()
+        again = collector.collect()
+        await batcher.drain()
+        return stats, again
+
+    stats, again = run_virtual(scenario())
+    # 3 requests run padded to bucket 4 (14 ms), 8 run as 8 (18 ms).
+    assert [(t.padded_size, t.batches) for t in stats.execution] == [(4, 1), (8, 1)]
+    assert [t.total_s for t in stats.execution] == pytest.approx([0.014, 0.018])
+    assert dict(stats.batch_sizes) == {3: 1, 8: 1}  # the sizes asked for, as before
+    assert again.execution == ()  # each batch in one window only

@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 
 from adaptive.bus import WorkerStats
+from adaptive.histogram import NUM_BUCKETS
+from adaptive.learned_latency import ExecutionTimes
 from tidal_base.errors import TidalError
 
 SCHEMA = 1
@@ -43,6 +45,9 @@ def encode_stats(stats: WorkerStats) -> str:
             *stats.latency_buckets,
             *zip(nonzero.tolist(), dense, strict=True),
         ]
+    fields["execution"] = [
+        [t.padded_size, t.batches, t.total_s, t.buckets] for t in stats.execution
+    ]
     return json.dumps({"schema": SCHEMA, **fields})
 
 
@@ -63,9 +68,22 @@ def decode_stats(text: str) -> WorkerStats:
             known[name] = tuple((int(a), int(b)) for a, b in known[name])
         if known["warmed_buckets"] is not None:
             known["warmed_buckets"] = tuple(int(b) for b in known["warmed_buckets"])
+        known["execution"] = tuple(_execution(e) for e in known.get("execution") or ())
         return _checked(WorkerStats(**known))
     except (TypeError, ValueError) as error:
         raise MalformedStats(f"bad value: {error}") from None
+
+
+def _execution(entry: Any) -> ExecutionTimes:
+    """One `[padded size, batches, total seconds, [[bucket, count], ...]]` entry."""
+    size, batches, total_s, buckets = entry
+    times = ExecutionTimes(
+        int(size), int(batches), float(total_s), tuple((int(b), int(c)) for b, c in buckets)
+    )
+    in_range = all(0 <= b < NUM_BUCKETS and c >= 0 for b, c in times.buckets)
+    if times.padded_size < 1 or times.batches < 0 or not times.total_s >= 0 or not in_range:
+        raise MalformedStats(f"field 'execution' has a bad entry: {entry!r}")
+    return times
 
 
 def _checked(stats: WorkerStats) -> WorkerStats:

@@ -15,7 +15,7 @@ import math
 import time
 from collections.abc import Iterable
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import Depends, FastAPI, Query
 from fastapi.responses import JSONResponse, Response
@@ -25,6 +25,7 @@ from redis.exceptions import RedisError
 
 from adaptive.config import BatchConfig
 from adaptive.decisions import Mode, config_dict
+from adaptive.learned_latency import PLANNED_SIZES, profile_document
 from forecaster.events import event_to_dict, events_from_document
 from forecaster.series import epoch_seconds
 from server.control.metrics import ControllerMetrics
@@ -133,6 +134,17 @@ def create_app(
     @app.get("/v1/pools/{pool}/forecast", tags=["pools"], dependencies=read)
     async def forecast(pool: str) -> dict[str, Any]:
         return _forecast(pool_of(pool))
+
+    @app.get("/v1/pools/{pool}/latency-model", tags=["pools"], dependencies=read)
+    async def latency_model(
+        pool: str,
+        format: Literal["summary", "profile"] = Query(
+            "summary",
+            description="summary: per size with its source; profile: the profile JSON "
+            "that `simulate --latency-model` loads",
+        ),
+    ) -> dict[str, Any]:
+        return _latency_model(pool_of(pool), format)
 
     @app.get("/v1/pools/{pool}/workers", tags=["pools"], dependencies=read)
     async def workers(pool: str) -> dict[str, Any]:
@@ -316,6 +328,47 @@ async def _summary(control: PoolControl) -> dict[str, Any]:
         "config_changes": controller.config_changes,
         "fallback_s": controller.fallback_s,
         "last_decision": controller.last.to_dict() if controller.last else None,
+    }
+
+
+def _latency_model(control: PoolControl, form: str) -> dict[str, Any]:
+    """The latency model learned from serving, per padded batch size, or as a profile."""
+    controller = control.controller
+    learner = controller.latency
+    model = control.latency_model()
+    if form == "profile":
+        sizes = [e.batch_size for e in learner.estimates()] if learner else PLANNED_SIZES
+        return profile_document(model, sizes)
+    learning = controller.settings.learning
+    drift = learner.drift(controller.planned_latency) if learner is not None else None
+    return {
+        "pool": control.pool,
+        "prior": control.plan.latency.describe(),
+        "model": model.describe(),
+        "planned_with": controller.planned_latency.describe()
+        if controller.planned_latency is not None
+        else None,
+        "measured_batches": round(learner.measured_batches, 1) if learner else 0,
+        "drift": None
+        if drift is None or drift.batch_size is None
+        else {
+            "relative": round(drift.relative, 4),
+            "batch_size": drift.batch_size,
+            "measure": drift.measure,
+        },
+        "rebuilds": controller.replans,
+        "last_rebuild": controller.last_replan,
+        "learning": {
+            "half_life_s": learning.half_life_s,
+            "prior_batches": learning.prior_batches,
+            "min_batches": learning.min_batches,
+            # None: learn and show only, never rebuild (--latency-drift 0).
+            "drift_threshold": learning.drift_threshold
+            if math.isfinite(learning.drift_threshold)
+            else None,
+            "min_interval_s": learning.min_interval_s,
+        },
+        "sizes": [e.to_dict() for e in learner.estimates()] if learner else [],
     }
 
 

@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import signal
 import socket
@@ -24,6 +25,7 @@ from prometheus_client import CollectorRegistry
 
 from adaptive.fleet import FleetLimits
 from adaptive.latency import parse_latency_model
+from adaptive.learned_latency import LearningSettings
 from forecaster.events import load_events
 from server.api_token import TOKEN_ENV, api_token
 from server.bus.local import LocalPoolBus
@@ -81,6 +83,21 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--latency-model",
         default=DEFAULT_LATENCY_MODEL,
         help=f"linear:BASE_MS,PER_ITEM_MS or a profile JSON (default {DEFAULT_LATENCY_MODEL})",
+    )
+    pool.add_argument(
+        "--latency-half-life",
+        type=duration_arg,
+        default=300.0,
+        help="the latency model learned from serving forgets a batch measured this long "
+        "ago by half (default 5m; a bare number is seconds)",
+    )
+    pool.add_argument(
+        "--latency-drift",
+        type=float,
+        default=0.2,
+        help="rebuild the planner's table when the learned mean or p99 at a batch size "
+        "moves this far (relative) from the one planned with (default 0.2; 0: never, "
+        "learn and show only)",
     )
     pool.add_argument(
         "--routing",
@@ -148,7 +165,17 @@ def plan_from(args: argparse.Namespace) -> PoolPlan:
         shadow=args.shadow,
         lease_s=args.lease,
         fleet=_fleet_limits(args),
+        learning=_learning(args),
     )
+
+
+def _learning(args: argparse.Namespace) -> LearningSettings:
+    if not (args.latency_drift >= 0 and math.isfinite(args.latency_drift)):
+        raise InvalidInput(f"--latency-drift must be >= 0, got {args.latency_drift}")
+    if args.latency_half_life <= 0:
+        raise InvalidInput(f"--latency-half-life must be > 0, got {args.latency_half_life}")
+    drift = args.latency_drift if args.latency_drift > 0 else math.inf
+    return LearningSettings(half_life_s=args.latency_half_life, drift_threshold=drift)
 
 
 def _fleet_limits(args: argparse.Namespace) -> FleetLimits | None:

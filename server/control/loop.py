@@ -9,7 +9,8 @@ so versions never go backwards across a failover or a Redis that lost its data, 
 re-checks its lease right before every publish, so a controller that lost the lease
 while it stepped never writes.
 
-Forecast refits run on a thread (`asyncio.to_thread`) and are installed when done; the
+Forecast refits, and rebuilds of the planner's table when the latency learned from
+serving drifts, run on a thread (`asyncio.to_thread`) and are installed when done; the
 tick itself stays in milliseconds. Every failure is loud: a tick that fails is logged
 with its traceback, counted by stage (`LoopState.errors`, exported as
 `tidal_controller_tick_errors_total`), marks the pool not ready with the error shown in
@@ -32,7 +33,7 @@ from redis.exceptions import RedisError
 from adaptive.bus import VersionedConfig, WorkerStats, observe_pool
 from adaptive.clock import Clock
 from adaptive.config import BatchConfig
-from adaptive.controller import Controller
+from adaptive.controller import Controller, ReplanJob
 from adaptive.decisions import DecisionRecord
 from adaptive.fleet import FleetView
 from server.bus.protocols import PoolBus
@@ -59,6 +60,7 @@ class LoopState:
     errors: collections.Counter[str] = field(default_factory=collections.Counter)
     malformed_stats: int = 0
     refits: int = 0
+    replans: int = 0  # planner's tables rebuilt for the latency learned from serving
     # Members whose engine refused a config newer than the one it runs (it keeps
     # serving the old one), by name: {"version", "config", "reason"}.
     refusing: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -110,6 +112,8 @@ class ControlLoop:
         self._published_replicas: int | None = None
         self._cursor = "$"  # only stats that arrive from now on
         self._refit: asyncio.Task | None = None
+        # The rebuild in flight and the controller it is for (a policy switch replaces it).
+        self._replan: tuple[Controller, asyncio.Task] | None = None
         self._replicas = 0
         self._said_infeasible = False
 
@@ -139,6 +143,7 @@ class ControlLoop:
             record = _step(self.controller, reports, self.clock.now(), self._replicas)
             self._say_if_infeasible(record)
         await _stage("refit", self._refit_forecast())
+        await _stage("replan", self._rebuild_table())
         if self.state.leader:
             await _stage("publish", self.publish_if_changed())
             if record is not None and record.noteworthy:
@@ -279,6 +284,29 @@ class ControlLoop:
             if job is not None:
                 self._refit = asyncio.create_task(_fit(job), name=f"refit-{self.pool}")
 
+    async def _rebuild_table(self) -> None:
+        """Rebuild the planner's table for the learned latency model on a thread when the
+        controller asks; install it once it is done (the next record says so)."""
+        controller = self.controller
+        if self._replan is not None and self._replan[1].done():
+            (asked_by, task), self._replan = self._replan, None
+            job, optimizers = task.result()  # a failed rebuild raises here, at "replan"
+            if asked_by is controller:  # not one a policy switch has replaced since
+                controller.install_replan(job, optimizers)
+                self.state.replans += 1
+                log.info("%s: %s", self.pool, controller.last_replan)
+        if self._replan is None:
+            job = controller.take_replan_job()
+            if job is not None:
+                log.info(
+                    "%s: the latency measured while serving drifted (%s): rebuilding the "
+                    "planner's table",
+                    self.pool,
+                    job.drift.describe(),
+                )
+                task = asyncio.create_task(_replan(controller, job), name=f"replan-{self.pool}")
+                self._replan = (controller, task)
+
     async def _record(self, record: DecisionRecord) -> None:
         entry = {"time": time.time(), **record.to_dict(), "version": self.state.version}
         await self.bus.record_decision(self.pool, entry)
@@ -360,3 +388,11 @@ async def _stage(stage: str, awaitable: Awaitable):
 
 async def _fit(job):
     return job, await asyncio.to_thread(job.run)
+
+
+async def _replan(controller: Controller, job: ReplanJob):
+    try:
+        return job, await asyncio.to_thread(controller.run_replan, job)
+    except Exception:
+        controller.replan_failed(job)  # asked again after the interval
+        raise

@@ -89,7 +89,7 @@ class _PoolCollector:
         errors = CounterMetricFamily(
             "tidal_controller_tick_errors",
             "Control ticks that failed, by the stage that failed (elect, read, step, refit, "
-            "publish, record, trim).",
+            "replan, publish, record, trim).",
             labels=["pool", "stage"],
         )
         malformed = CounterMetricFamily(
@@ -106,6 +106,17 @@ class _PoolCollector:
             "tidal_controller_forecast_steps",
             "Forecast steps scored against actual load, and those outside the band.",
             labels=["pool", "outcome"],
+        )
+        rebuilds = CounterMetricFamily(
+            "tidal_controller_latency_model_rebuilds",
+            "Planner's tables rebuilt because the latency measured while serving drifted.",
+            labels=["pool"],
+        )
+        drift = GaugeMetricFamily(
+            "tidal_controller_latency_model_drift_ratio",
+            "Largest relative change in mean or p99 execution time, at a batch size with "
+            "enough batches, between the latency learned from serving and the planner's.",
+            labels=["pool"],
         )
         for control in self.pools():
             if control.loop is None:
@@ -145,6 +156,11 @@ class _PoolCollector:
                     ("upper", f.upper_rps),
                 ):
                     forecast.add_metric([pool, bound], float(series[0]))
+            rebuilds.add_metric([pool], controller.replans)
+            if controller.latency is not None:
+                moved = controller.latency.drift(controller.planned_latency)
+                if moved.batch_size is not None:
+                    drift.add_metric([pool], moved.relative)
             if feed is not None:
                 scored.add_metric([pool, "inside"], feed.steps_scored - feed.steps_outside)
                 scored.add_metric([pool, "outside"], feed.steps_outside)
@@ -154,3 +170,5 @@ class _PoolCollector:
         yield errors
         yield malformed
         yield members
+        yield rebuilds
+        yield drift

@@ -30,6 +30,7 @@ from adaptive.decisions import config_dict
 from adaptive.fleet import FleetLimits
 from adaptive.guards import Guardrails
 from adaptive.latency import LatencyModel
+from adaptive.learned_latency import LearningSettings
 from adaptive.policy import Policy
 from adaptive.specs import PolicyContext, build_policy
 from forecaster.events import Event, event_to_dict, events_from_document
@@ -68,6 +69,7 @@ class PoolPlan:
     shadow: str | None = None
     lease_s: float = 3.0
     fleet: FleetLimits | None = None  # None: `workers` throughout
+    learning: LearningSettings = field(default_factory=LearningSettings)
 
     @property
     def pool_settings(self) -> PoolSettings:
@@ -236,6 +238,11 @@ class PoolControl:
 
     # -- building --------------------------------------------------------------------
 
+    def _compile_table(self, latency: LatencyModel, workers: int, slo_s: float):
+        """The optimiser's table for a (learned) latency model, as the plan compiles it."""
+        plan = self.plan
+        return performance_table(latency, workers, slo_s, plan.warmup_s > 0, plan.routing)
+
     def policy_context(self) -> PolicyContext:
         plan = self.plan
 
@@ -280,8 +287,10 @@ class PoolControl:
             guardrails=plan.guardrails,
             defer_fits=True,
             fleet=plan.fleet,
+            latency=plan.latency,
+            learning=plan.learning,
         )
-        controller = Controller(policy, settings, shadow=shadow)
+        controller = Controller(policy, settings, shadow=shadow, compile_table=self._compile_table)
         controller.pin(self._override())
         with contextlib.suppress(RedisError, OSError):
             await self._prime(controller)
@@ -336,6 +345,7 @@ class PoolControl:
     async def _switch_policy(self, spec: str, policy: Policy | None, persist: bool) -> None:
         fresh = await self._controller(spec, policy)
         fresh.adopt(self.controller.config)
+        fresh.latency = self.controller.latency  # what serving taught outlives the policy
         self.loop.controller = fresh
         self.policy_spec = spec  # as the operator wrote it
         if persist:
@@ -377,6 +387,11 @@ class PoolControl:
             self.pinned = None  # expired: the controller has let go of it too
         return self.pinned
 
+    def latency_model(self) -> LatencyModel:
+        """The latency model learned from serving (the plan's until workers report)."""
+        learner = self.controller.latency
+        return self.plan.latency if learner is None else learner.model()
+
     # -- the rollout gate ------------------------------------------------------------
 
     async def rollout_gate(self, candidate: str, hours: float, seed: int = 0) -> dict[str, Any]:
@@ -402,12 +417,13 @@ class PoolControl:
         )
         # In this process (processes=1): forking a server with live threads (the event
         # loop, Redis connections) could copy a lock some other thread holds.
+        latency = self.latency_model()
         report = await asyncio.to_thread(
             functools.partial(simulate, processes=1),
             trace,
             [current_policy, candidate_policy],
             settings,
-            self.plan.latency,
+            latency,
         )
         current, proposed = (policy_summary(r) for r in report.results)
         return {
@@ -415,6 +431,7 @@ class PoolControl:
             "current": current,
             "candidate": proposed,
             "no_worse_on_slo": proposed["slo_attainment"] >= current["slo_attainment"],
+            "latency_model": latency.describe(),
             "candidate_policy": candidate_policy,
         }
 

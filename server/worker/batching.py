@@ -160,6 +160,7 @@ class DynamicBatcher:
         self._free_since = 0.0  # when an instance last became free after all were busy
         self._window_latencies: list[float] = []  # since the last take_window()
         self._window_batches: dict[int, int] = {}
+        self._window_execution: dict[int, list[float]] = {}  # padded size -> seconds
 
     # -- public ------------------------------------------------------------------
 
@@ -235,6 +236,11 @@ class DynamicBatcher:
         """Latencies (queue wait + execution) and batch sizes since the last call."""
         window = self._window_latencies, self._window_batches
         self._window_latencies, self._window_batches = [], {}
+        return window
+
+    def take_execution_window(self) -> dict[int, list[float]]:
+        """Execution seconds of each batch run since the last call, by padded size."""
+        window, self._window_execution = self._window_execution, {}
         return window
 
     # -- the loop ------------------------------------------------------------------
@@ -345,6 +351,7 @@ class DynamicBatcher:
         if self.on_batch is not None:
             self.on_batch(len(batch), self.serving_cap, execution_s)
         self._window_batches[len(batch)] = self._window_batches.get(len(batch), 0) + 1
+        self._window_execution.setdefault(padded, []).append(execution_s)
         done_at = dispatched_at + execution_s
         self._window_latencies.extend(done_at - q.arrived_at for q in batch)
         for queued, output in zip(batch, outputs, strict=True):

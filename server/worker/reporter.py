@@ -2,11 +2,11 @@
 
 `StatsCollector` turns the batcher's counters into one `WorkerStats` per window
 (arrivals, completions, sheds, a latency histogram, batch sizes, busy seconds, queue
-depth, warmed buckets, the config version in force), each covering the seconds measured
-on the batcher's clock since the last one. `apply_if_newer` runs a published config only
-if its version is newer than the one running, so a missed or repeated message never
-moves a worker backwards. `server/worker/link.py` carries both over the bus (Redis, or
-in-process).
+depth, warmed buckets, the config version in force, execution times by padded size),
+each covering the seconds measured on the batcher's clock since the last one.
+`apply_if_newer` runs a published config only if its version is newer than the one
+running, so a missed or repeated message never moves a worker backwards.
+`server/worker/link.py` carries both over the bus (Redis, or in-process).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import numpy as np
 from adaptive.bus import VersionedConfig, WorkerStats
 from adaptive.clock import Clock
 from adaptive.histogram import LatencyHistogram
+from adaptive.learned_latency import ExecutionTimes
 from server.worker.batching import DynamicBatcher
 
 
@@ -44,6 +45,7 @@ class StatsCollector:
         s = self.batcher.stats
         arrivals, completed, shed, busy_s = self._last
         latencies, batch_sizes = self.batcher.take_window()
+        execution = self.batcher.take_execution_window()
         histogram = LatencyHistogram.from_samples(np.array(latencies))
         nonzero = np.flatnonzero(histogram.counts)
         self._last = (s.arrivals, s.completed, s.shed, s.busy_s)
@@ -61,6 +63,10 @@ class StatsCollector:
             max_batch_size=self.batcher.serving_cap,
             warmed_buckets=self.batcher.warmed_buckets,
             config_version=self.batcher.version,
+            execution=tuple(
+                ExecutionTimes.from_samples(size, samples)
+                for size, samples in sorted(execution.items())
+            ),
         )
 
     def _measure_window_s(self) -> float:

@@ -1,0 +1,311 @@
+"""A latency model learned from serving: what each padded batch size takes on the
+hardware as it serves now, blended with the profile the pool was planned with.
+
+Workers report per window the execution times of the batches they ran, by padded size
+(`ExecutionTimes`: sparse `adaptive.histogram` counts, so reports merge exactly). The
+`LatencyLearner` keeps, per size, a histogram decayed with a half-life on the
+controller's clock, and answers a `TableLatency`:
+
+- at a size with data, its decayed mean and p99 blended with the prior's, with weight
+  `n / (n + prior_batches)` on what was measured (n: the decayed batch count);
+- at a size without, the prior scaled by the slowdown the measured sizes show (their
+  count-weighted geometric mean of measured/prior, shrunk toward 1 by the same prior
+  weight): a machine that runs every batch 1.4x slower than profiled, because the cores
+  are shared, is planned so at sizes it has not served yet.
+
+No data means the prior itself. The simulator's pool reports no execution times (its
+times are the prior by construction), so a simulated and a live controller plan alike
+until live serving says otherwise. `drift` compares the learned model with the one the
+planner's table was compiled from, at sizes with enough data; the controller rebuilds
+the table when it passes `LearningSettings.drift_threshold`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from adaptive.histogram import BUCKET_REPRESENTATIVES_S, NUM_BUCKETS, LatencyHistogram
+from adaptive.latency import LatencyModel, TableLatency
+from tidal_base.errors import InvalidInput
+
+_Z99 = 2.3263478740408408
+PLANNED_SIZES = tuple(2**k for k in range(9))
+"""Sizes a learned table always holds (the planner's power-of-two caps, 1 to 256)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionTimes:
+    """The batches of one padded size a reporter ran in one window, and how long each took
+    on the device: `buckets` are sparse `adaptive.histogram` counts, `total_s` their sum."""
+
+    padded_size: int
+    batches: int
+    total_s: float
+    buckets: tuple[tuple[int, int], ...]
+
+    @classmethod
+    def from_samples(cls, padded_size: int, samples_s: Iterable[float]) -> ExecutionTimes:
+        histogram = LatencyHistogram.from_samples(np.asarray(list(samples_s), dtype=np.float64))
+        nonzero = np.flatnonzero(histogram.counts)
+        buckets = tuple((int(b), int(histogram.counts[b])) for b in nonzero)
+        return cls(padded_size, histogram.count, histogram.sum_s, buckets)
+
+
+@dataclass(frozen=True, slots=True)
+class LearningSettings:
+    """How fast the learned model forgets, how much it trusts the prior, when it replans.
+
+    half_life_s: a batch measured this long ago counts half.
+    prior_batches: the prior weighs as much as this many measured batches at a size.
+    min_batches: a size counts toward drift once it has this many (decayed) batches.
+    drift_threshold: the relative change in mean or p99 at such a size that rebuilds the
+        planner's table.
+    min_interval_s: at least this long between two rebuilds (a table costs CPU seconds).
+    """
+
+    half_life_s: float = 300.0
+    prior_batches: float = 20.0
+    min_batches: float = 30.0
+    drift_threshold: float = 0.2
+    min_interval_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        for name in ("half_life_s", "prior_batches", "min_batches", "drift_threshold"):
+            value = getattr(self, name)
+            # An infinite drift threshold learns and shows, and never rebuilds.
+            if not value > 0 or (math.isinf(value) and name != "drift_threshold"):
+                raise InvalidInput(f"latency learning: {name} must be > 0, got {value}")
+        if not (math.isfinite(self.min_interval_s) and self.min_interval_s >= 0):
+            raise InvalidInput(
+                f"latency learning: min_interval_s must be >= 0, got {self.min_interval_s}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class SizeEstimate:
+    """The model's service time at one batch size and where it came from."""
+
+    batch_size: int
+    mean_s: float
+    p99_s: float
+    batches: float  # decayed count measured at this size
+    source: str  # "prior", "measured", "blended" or "prior x1.31" (scaled by the slowdown)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "batch_size": self.batch_size,
+            "mean_ms": round(self.mean_s * 1e3, 4),
+            "p99_ms": round(self.p99_s * 1e3, 4),
+            "batches": round(self.batches, 1),
+            "source": self.source,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Drift:
+    """How far the learned model moved from the planner's, and at which size."""
+
+    relative: float
+    batch_size: int | None
+    measure: str  # "mean" or "p99"
+
+    def describe(self) -> str:
+        if self.batch_size is None:
+            return "no size has enough batches to compare"
+        return f"batch {self.batch_size} {self.measure} {self.relative:+.0%} from the planner's"
+
+
+class _SizeState:
+    """One padded size's decayed histogram, batch count and sum."""
+
+    __slots__ = ("batches", "counts", "total_s")
+
+    def __init__(self) -> None:
+        self.counts = np.zeros(NUM_BUCKETS, dtype=np.float64)
+        self.batches = 0.0
+        self.total_s = 0.0
+
+    def add(self, times: ExecutionTimes) -> None:
+        for bucket, count in times.buckets:
+            self.counts[bucket] += count
+        self.batches += times.batches
+        self.total_s += times.total_s
+
+    def decay(self, factor: float) -> None:
+        self.counts *= factor
+        self.batches *= factor
+        self.total_s *= factor
+
+    def p99_s(self) -> float:
+        cumulative = self.counts.cumsum()
+        index = int(cumulative.searchsorted(0.99 * cumulative[-1]))
+        return float(BUCKET_REPRESENTATIVES_S[min(index, NUM_BUCKETS - 1)])
+
+
+class LatencyLearner:
+    """Per padded size, a decayed distribution of measured execution times over a prior."""
+
+    def __init__(self, prior: LatencyModel, settings: LearningSettings | None = None) -> None:
+        self.prior = prior
+        self.settings = settings or LearningSettings()
+        self._sizes: dict[int, _SizeState] = {}
+        self._at: float | None = None
+        self._model: LatencyModel | None = None  # cached until the next observation
+
+    @property
+    def measured_batches(self) -> float:
+        return sum(state.batches for state in self._sizes.values())
+
+    def observe(self, now: float, times: Iterable[ExecutionTimes]) -> None:
+        """Age what is known to `now`, then add one tick's reports."""
+        times = [t for t in times if t.batches > 0]
+        if self._at is not None and now > self._at and self._sizes:
+            factor = 0.5 ** ((now - self._at) / self.settings.half_life_s)
+            for state in self._sizes.values():
+                state.decay(factor)
+            self._model = None
+        self._at = now if self._at is None else max(self._at, now)
+        for t in times:
+            if t.padded_size < 1:
+                continue
+            self._sizes.setdefault(t.padded_size, _SizeState()).add(t)
+            self._model = None
+
+    def estimates(self) -> tuple[SizeEstimate, ...]:
+        """The model at every size it holds: the prior's, the planner's and those served."""
+        sizes = sorted({*_prior_sizes(self.prior), *PLANNED_SIZES, *self._sizes})
+        if not self._sizes:
+            return tuple(self._prior_estimate(b, 1.0, 1.0) for b in sizes)
+        mean_scale, p99_scale = self._slowdown()
+        return tuple(
+            self._blended(b, self._sizes[b])
+            if b in self._sizes and self._sizes[b].batches > 0
+            else self._prior_estimate(b, mean_scale, p99_scale)
+            for b in sizes
+        )
+
+    def model(self) -> LatencyModel:
+        """The learned model as a `TableLatency` (the prior itself while nothing is known)."""
+        if not self._sizes:
+            return self.prior
+        if self._model is None:
+            self._model = self._table(self.estimates())
+        return self._model
+
+    def drift(self, against: LatencyModel) -> Drift:
+        """The largest relative change in mean or p99, at a size with at least
+        `min_batches` measured, from `against` (the model the planner's table used)."""
+        worst = Drift(0.0, None, "mean")
+        model = self.model()
+        for size, state in sorted(self._sizes.items()):
+            if state.batches < self.settings.min_batches:
+                continue
+            at = np.array([size], dtype=np.float64)
+            for measure, ours, theirs in (
+                ("mean", _mean(model, at), _mean(against, at)),
+                ("p99", _p99(model, at), _p99(against, at)),
+            ):
+                change = ours / theirs - 1.0
+                if worst.batch_size is None or abs(change) > abs(worst.relative):
+                    worst = Drift(change, size, measure)
+        return worst
+
+    # -- the blend ------------------------------------------------------------------
+
+    def _weight(self, batches: float) -> float:
+        return batches / (batches + self.settings.prior_batches)
+
+    def _blended(self, size: int, state: _SizeState) -> SizeEstimate:
+        at = np.array([size], dtype=np.float64)
+        prior_mean, prior_p99 = _mean(self.prior, at), _p99(self.prior, at)
+        w = self._weight(state.batches)
+        measured_mean = state.total_s / state.batches
+        measured_p99 = max(state.p99_s(), measured_mean)
+        mean = w * measured_mean + (1 - w) * prior_mean
+        p99 = max(w * measured_p99 + (1 - w) * prior_p99, mean)
+        source = "measured" if w >= 0.95 else "blended"
+        return SizeEstimate(size, mean, p99, state.batches, source)
+
+    def _slowdown(self) -> tuple[float, float]:
+        """Measured/prior for mean and p99 over the sizes served: the count-weighted mean
+        of log ratios, shrunk toward 1 as a single size's blend would be."""
+        log_mean = log_p99 = weight = 0.0
+        for size, state in self._sizes.items():
+            if state.batches <= 0:
+                continue
+            at = np.array([size], dtype=np.float64)
+            measured_mean = state.total_s / state.batches
+            log_mean += state.batches * math.log(measured_mean / _mean(self.prior, at))
+            measured_p99 = max(state.p99_s(), measured_mean)
+            log_p99 += state.batches * math.log(measured_p99 / _p99(self.prior, at))
+            weight += state.batches
+        shrunk = weight + self.settings.prior_batches
+        return math.exp(log_mean / shrunk), math.exp(log_p99 / shrunk)
+
+    def _prior_estimate(self, size: int, mean_scale: float, p99_scale: float) -> SizeEstimate:
+        at = np.array([size], dtype=np.float64)
+        mean = _mean(self.prior, at) * mean_scale
+        p99 = max(_p99(self.prior, at) * p99_scale, mean)
+        source = "prior" if mean_scale == 1.0 else f"prior x{mean_scale:.2f}"
+        return SizeEstimate(size, mean, p99, 0.0, source)
+
+    def _table(self, estimates: tuple[SizeEstimate, ...]) -> TableLatency:
+        values = tuple((e.batch_size, round(e.mean_s, 9), round(e.p99_s, 9)) for e in estimates)
+        # The planner's tables are cached by description: it names the values it holds.
+        digest = hashlib.sha1(repr(values).encode()).hexdigest()[:10]
+        source = (
+            f"learned from {self.measured_batches:.0f} batches on {self.prior.describe()} "
+            f"[{digest}]"
+        )
+        return TableLatency(
+            tuple(b for b, _, _ in values),
+            tuple(m for _, m, _ in values),
+            tuple(p for _, _, p in values),
+            self.prior.memory,
+            source,
+        )
+
+
+def profile_document(model: LatencyModel, sizes: Iterable[int]) -> dict[str, Any]:
+    """`model` as the profile JSON `simulate --latency-model` loads
+    (`adaptive.latency.load_latency_table`)."""
+    at = np.array(sorted(set(sizes)), dtype=np.float64)
+    means, p99s = model.mean_s(at), _p99_array(model, at)
+    document: dict[str, Any] = {
+        "source": model.describe(),
+        "points": [
+            {"batch_size": int(b), "mean_ms": round(m * 1e3, 4), "p99_ms": round(p * 1e3, 4)}
+            for b, m, p in zip(at, means, p99s, strict=True)
+        ],
+    }
+    if model.memory is not None:
+        document["memory"] = {
+            "device_bytes": model.memory.device_bytes,
+            "parameter_bytes": model.memory.parameter_bytes,
+            "activation_bytes_per_sample": model.memory.activation_bytes_per_sample,
+        }
+    return document
+
+
+def _prior_sizes(prior: LatencyModel) -> tuple[int, ...]:
+    return prior.batch_sizes if isinstance(prior, TableLatency) else ()
+
+
+def _mean(model: LatencyModel, at: np.ndarray) -> float:
+    return float(model.mean_s(at)[0])
+
+
+def _p99(model: LatencyModel, at: np.ndarray) -> float:
+    return float(_p99_array(model, at)[0])
+
+
+def _p99_array(model: LatencyModel, at: np.ndarray) -> np.ndarray:
+    """The model's p99: its mean times the 99th percentile of its mean-one lognormal jitter."""
+    sigma = model.jitter_sigma(at)
+    return model.mean_s(at) * np.exp(_Z99 * sigma - 0.5 * sigma * sigma)
