@@ -83,6 +83,11 @@ class WorkerStats:
     # them; () from a reporter that does not, such as the simulator, whose times are
     # its latency model by construction).
     execution: tuple[ExecutionTimes, ...] = ()
+    # Time from the worker's socket to the batcher, per request (sparse histogram
+    # counts, as `latency_buckets`): the HTTP layer's queue, before the batching rule
+    # sees a request. () from a reporter without an HTTP layer (the simulator).
+    ingress_buckets: tuple[tuple[int, int], ...] = ()
+    ingress_sum_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.batches is None:

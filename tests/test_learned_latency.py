@@ -115,9 +115,13 @@ def test_execution_times_cross_the_wire_and_bad_ones_are_refused():
     bad["execution"][0][0] = 0  # padded size 0
     with pytest.raises(MalformedStats, match="execution"):
         decode_stats(json.dumps(bad))
+    far = json.loads(encode_stats(stats))
+    far["ingress_buckets"] = [[10**6, 1]]  # would index past the histogram
+    with pytest.raises(MalformedStats, match="ingress_buckets"):
+        decode_stats(json.dumps(far))
     old = json.loads(encode_stats(stats))
-    del old["execution"]  # an older worker: no execution times, the prior stands
-    assert decode_stats(json.dumps(old)).execution == ()
+    del old["execution"], old["ingress_buckets"]  # an older worker's entry
+    assert decode_stats(json.dumps(old)).execution == ()  # the prior stands
 
 
 def tick(now: float, execution: tuple[ExecutionTimes, ...]) -> PoolStats:

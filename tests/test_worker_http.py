@@ -273,8 +273,26 @@ def test_loadgen_replays_a_trace_open_loop(worker, tmp_path, capsys):
     assert summary["by_status"] == {"200": summary["requests"]}
     assert 40 <= summary["requests"] <= 130  # Poisson around 80 in 2 s
     rows = out.read_text().splitlines()
-    assert rows[0] == "scheduled_s,sent_s,status,latency_s,queue_wait_ms,batch_size,execution_ms"
+    header = "scheduled_s,sent_s,status,latency_s,queue_wait_ms,batch_size,execution_ms"
+    assert rows[0] == header + ",ingress_ms"
     assert len(rows) == 1 + summary["requests"]
+    assert 0 <= summary["ingress_ms"]["p50"] <= summary["ingress_ms"]["p99"]
+
+
+def test_ingress_is_measured_from_the_clients_stamp_and_a_bad_stamp_is_422(worker):
+    image_body = {"input": image(0)}
+    sent = httpx.post(
+        f"{worker}/v1/infer", json=image_body, headers={"x-sent-at": str(time.time() - 0.5)}
+    )
+    # Stamped half a second ago: that time was spent before the worker's handler.
+    assert sent.status_code == 200 and sent.json()["timing"]["ingress_ms"] >= 500
+    unstamped = httpx.post(f"{worker}/v1/infer", json=image_body)
+    assert 0 <= unstamped.json()["timing"]["ingress_ms"] < 500
+    for bad in ("nan", "inf", "soon"):
+        refused = httpx.post(f"{worker}/v1/infer", json=image_body, headers={"x-sent-at": bad})
+        assert refused.status_code == 422, bad
+    scraped = httpx.get(f"{worker}/metrics").text
+    assert "tidal_worker_ingress_seconds_count" in scraped
 
 
 def test_profile_writes_json_that_simulate_loads(tmp_path, capsys):

@@ -29,7 +29,7 @@ _FIELDS = {f.name for f in dataclasses.fields(WorkerStats)} - {
     "latency_p99_s",
 }
 _REQUIRED = {f.name for f in dataclasses.fields(WorkerStats) if f.default is dataclasses.MISSING}
-_PAIRS = ("latency_buckets", "batch_sizes")
+_PAIRS = ("latency_buckets", "batch_sizes", "ingress_buckets")
 
 
 class MalformedStats(TidalError):
@@ -64,7 +64,7 @@ def decode_stats(text: str) -> WorkerStats:
         raise MalformedStats(f"missing field {missing[0]!r}")
     known: dict[str, Any] = {name: fields[name] for name in _FIELDS & set(fields)}
     try:
-        for name in _PAIRS:
+        for name in _PAIRS & known.keys():  # ingress_buckets: newer workers only
             known[name] = tuple((int(a), int(b)) for a, b in known[name])
         if known["warmed_buckets"] is not None:
             known["warmed_buckets"] = tuple(int(b) for b in known["warmed_buckets"])
@@ -95,6 +95,9 @@ def _checked(stats: WorkerStats) -> WorkerStats:
         value = getattr(stats, name)
         if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
             raise MalformedStats(f"field {name!r} must be a number >= 0, got {value!r}")
+    for name in ("latency_buckets", "ingress_buckets"):
+        if any(not 0 <= b < NUM_BUCKETS or c < 0 for b, c in getattr(stats, name)):
+            raise MalformedStats(f"field {name!r} holds a bucket outside 0-{NUM_BUCKETS - 1}")
     if not isinstance(stats.worker, str) or not stats.worker:
         raise MalformedStats(f"field 'worker' must be a non-empty string, got {stats.worker!r}")
     return stats

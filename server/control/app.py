@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any, Literal
 
+import numpy as np
 from fastapi import Depends, FastAPI, Query
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -25,6 +26,7 @@ from redis.exceptions import RedisError
 
 from adaptive.config import BatchConfig
 from adaptive.decisions import Mode, config_dict
+from adaptive.histogram import NUM_BUCKETS, quantile_from_counts
 from adaptive.learned_latency import PLANNED_SIZES, profile_document
 from forecaster.events import event_to_dict, events_from_document
 from forecaster.series import epoch_seconds
@@ -435,4 +437,17 @@ def _stats(stats) -> dict[str, Any] | None:
         # None: an engine without warm-up (Triton) has no warmed sizes to report.
         "warmed_buckets": None if stats.warmed_buckets is None else list(stats.warmed_buckets),
         "config_version": stats.config_version,
+        # The worker's HTTP layer's queue, socket to batcher, over the window.
+        "ingress_p50_ms": _sparse_quantile_ms(stats.ingress_buckets, 0.5),
+        "ingress_p99_ms": _sparse_quantile_ms(stats.ingress_buckets, 0.99),
     }
+
+
+def _sparse_quantile_ms(buckets: tuple[tuple[int, int], ...], q: float) -> float | None:
+    if not buckets:
+        return None
+    counts = np.zeros(NUM_BUCKETS, dtype=np.int64)
+    for bucket, count in buckets:
+        counts[bucket] += count
+    value = quantile_from_counts(counts, q)
+    return None if value is None else round(value * 1e3, 3)

@@ -41,6 +41,7 @@ class RequestResult:
     queue_wait_ms: float | None
     batch_size: int | None
     execution_ms: float | None = None
+    ingress_ms: float | None = None  # the worker's socket to its batcher (its account)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -111,7 +112,8 @@ async def replay(
                 response = await client.post(
                     urls[i % len(urls)],
                     content=payloads[i % len(payloads)],
-                    headers={"content-type": content_type},
+                    # Stamped so the worker can measure its HTTP layer's queue.
+                    headers={"content-type": content_type, "x-sent-at": f"{time.time():.6f}"},
                 )
                 latency = time.monotonic() - start - sent
                 timing = response.json().get("timing", {}) if response.status_code == 200 else {}
@@ -123,6 +125,7 @@ async def replay(
                     timing.get("queue_wait_ms"),
                     timing.get("batch_size"),
                     timing.get("execution_ms"),
+                    timing.get("ingress_ms"),
                 )
             except httpx.HTTPError:
                 results[i] = RequestResult(
@@ -162,6 +165,7 @@ def summarise(results: list[RequestResult], span_s: float) -> dict:
     ok = np.array([r.latency_s for r in results if r.status == 200])
     sizes = [r.batch_size for r in results if r.batch_size]
     lag = np.array([r.sent_s - r.scheduled_s for r in results if r.status != 0])
+    ingress = np.array([r.ingress_ms for r in results if r.ingress_ms is not None])
     quantile = (
         (lambda q: round(float(np.quantile(ok, q)) * 1e3, 3)) if ok.size else (lambda q: None)
     )
@@ -178,6 +182,13 @@ def summarise(results: list[RequestResult], span_s: float) -> dict:
         },
         "mean_batch_size": round(float(np.mean(sizes)), 3) if sizes else None,
         "send_lag_p99_ms": round(float(np.quantile(lag, 0.99)) * 1e3, 3) if lag.size else None,
+        # The worker's own account of its HTTP layer's queue (socket to batcher).
+        "ingress_ms": {
+            "p50": round(float(np.quantile(ingress, 0.5)), 3),
+            "p99": round(float(np.quantile(ingress, 0.99)), 3),
+        }
+        if ingress.size
+        else None,
         "by_status": statuses,
     }
 
@@ -209,7 +220,8 @@ def _format(summary: dict) -> str:
         f"{summary['requests']:,} requests: offered {summary['offered_rps']:,.1f} req/s, "
         f"achieved {summary['achieved_rps']:,.1f} req/s\n"
         f"latency ms p50 {lat['p50']} p90 {lat['p90']} p99 {lat['p99']} max {lat['max']}; "
-        f"mean batch {summary['mean_batch_size']}; send lag p99 {summary['send_lag_p99_ms']} ms\n"
+        f"mean batch {summary['mean_batch_size']}; send lag p99 {summary['send_lag_p99_ms']} ms"
+        f"; worker ingress ms {summary['ingress_ms']}\n"
         f"by status: {summary['by_status']} "
         "(0: not sent, over --max-in-flight; -1: connection error)"
     )

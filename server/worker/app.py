@@ -3,8 +3,8 @@
     POST /v1/infer   {"input": ..., "deadline_ms": 250}   (or header X-Deadline-Ms), or
                      the model's compact binary body (application/octet-stream:
                      float32 3x32x32 for demo-cnn, int32 token ids for demo-text)
-                     -> {"output": ..., "timing": {queue_wait_ms, batch_size,
-                                                    padded_size, execution_ms}}
+                     -> {"output": ..., "timing": {ingress_ms, queue_wait_ms,
+                                       batch_size, padded_size, execution_ms}}
     GET  /healthz    GET /v1/stats    GET /metrics (Prometheus text)
     PUT  /v1/config  {"max_batch": 32, "timeout_ms": 10, "warm_max_batch": 64}
 
@@ -12,6 +12,13 @@
 plane's writes do); a worker in a pool answers it 409, because the pool's controller
 owns the config (a config set here would share a version number with the controller's
 different one, and nothing would flag the diverged pool).
+
+`ingress_ms` is the time from the request's arrival at the worker's socket to the
+batcher: the HTTP layer's own queue (connection accept, the event loop reaching the
+request, reading and decoding the body), which a busy machine can make the largest part
+of what a client waits. A client that stamps `X-Sent-At` (Unix seconds, as `tidal
+loadgen` does) is measured from that stamp, on the same host or clocks in sync; without
+it, from when the worker's handler first ran.
 
 Errors are JSON `{"error": "...", "field": "..."}`: 422 for a malformed body or an input
 the model cannot take (naming the field), 429 with Retry-After when the queue is full,
@@ -22,6 +29,8 @@ dispatch loop died (`/healthz` is 503 then too), 401/403 for a missing or wrong 
 from __future__ import annotations
 
 import contextlib
+import math
+import time
 from typing import Any
 
 from fastapi import Depends, FastAPI, Header, Request
@@ -93,12 +102,27 @@ def create_app(
             }
         },
     )
-    async def infer(request: Request, x_deadline_ms: float | None = Header(default=None)) -> Any:
+    async def infer(
+        request: Request,
+        x_deadline_ms: float | None = Header(default=None),
+        x_sent_at: float | None = Header(
+            default=None, description="Unix seconds the client sent at (for ingress_ms)"
+        ),
+    ) -> Any:
+        handled_at, handled_wall = batcher.clock.now(), time.time()
+        if x_sent_at is not None and not math.isfinite(x_sent_at):
+            return error_response(422, f"X-Sent-At must be finite, got {x_sent_at}", "x-sent-at")
         parsed = await _parse_infer(request, model)
         if isinstance(parsed, JSONResponse):
             return parsed
         item, body_deadline_ms = parsed
         deadline_ms = body_deadline_ms if body_deadline_ms is not None else x_deadline_ms
+        # Before the handler ran: the socket's and the event loop's queue (clamped: a
+        # client clock ahead of ours is not negative time).
+        before_s = 0.0 if x_sent_at is None else max(0.0, handled_wall - x_sent_at)
+        ingress_s = before_s + batcher.clock.now() - handled_at
+        batcher.record_ingress(ingress_s)
+        metrics.ingress.observe(ingress_s)
         try:
             served = await batcher.submit(item, None if deadline_ms is None else deadline_ms / 1e3)
         except QueueFull as error:
@@ -117,6 +141,7 @@ def create_app(
         return {
             "output": served.output,
             "timing": {
+                "ingress_ms": round(ingress_s * 1e3, 3),
                 "queue_wait_ms": round(served.queue_wait_s * 1e3, 3),
                 "batch_size": served.batch_size,
                 "padded_size": served.padded_size,

@@ -161,6 +161,7 @@ class DynamicBatcher:
         self._window_latencies: list[float] = []  # since the last take_window()
         self._window_batches: dict[int, int] = {}
         self._window_execution: dict[int, list[float]] = {}  # padded size -> seconds
+        self._window_ingress: list[float] = []  # seconds from the socket to the batcher
 
     # -- public ------------------------------------------------------------------
 
@@ -236,6 +237,16 @@ class DynamicBatcher:
         """Latencies (queue wait + execution) and batch sizes since the last call."""
         window = self._window_latencies, self._window_batches
         self._window_latencies, self._window_batches = [], {}
+        return window
+
+    def record_ingress(self, seconds: float) -> None:
+        """How long one request took from the worker's socket to `submit` (the HTTP
+        layer's queue and parsing, which the batcher's own latencies do not see)."""
+        self._window_ingress.append(seconds)
+
+    def take_ingress_window(self) -> list[float]:
+        """Ingress seconds recorded since the last call."""
+        window, self._window_ingress = self._window_ingress, []
         return window
 
     def take_execution_window(self) -> dict[int, list[float]]:

@@ -38,6 +38,13 @@ class WorkerMetrics:
             buckets=LATENCY_BUCKETS_S,
             registry=registry,
         )
+        self.ingress = Histogram(
+            "tidal_worker_ingress_seconds",
+            "Time from a request's arrival at the worker's socket (the client's X-Sent-At, "
+            "else the handler's start) to the batcher: the HTTP layer's queue.",
+            buckets=LATENCY_BUCKETS_S,
+            registry=registry,
+        )
         self.batch_size = Histogram(
             "tidal_worker_batch_size",
             "Requests per batch.",

@@ -2,7 +2,8 @@
 
 `StatsCollector` turns the batcher's counters into one `WorkerStats` per window
 (arrivals, completions, sheds, a latency histogram, batch sizes, busy seconds, queue
-depth, warmed buckets, the config version in force, execution times by padded size),
+depth, warmed buckets, the config version in force, execution times by padded size,
+the time requests took from the socket to the batcher),
 each covering the seconds measured on the batcher's clock since the last one.
 `apply_if_newer` runs a published config only if its version is newer than the one
 running, so a missed or repeated message never moves a worker backwards.
@@ -46,6 +47,7 @@ class StatsCollector:
         arrivals, completed, shed, busy_s = self._last
         latencies, batch_sizes = self.batcher.take_window()
         execution = self.batcher.take_execution_window()
+        ingress = LatencyHistogram.from_samples(np.array(self.batcher.take_ingress_window()))
         histogram = LatencyHistogram.from_samples(np.array(latencies))
         nonzero = np.flatnonzero(histogram.counts)
         self._last = (s.arrivals, s.completed, s.shed, s.busy_s)
@@ -63,6 +65,10 @@ class StatsCollector:
             max_batch_size=self.batcher.serving_cap,
             warmed_buckets=self.batcher.warmed_buckets,
             config_version=self.batcher.version,
+            ingress_buckets=tuple(
+                (int(i), int(ingress.counts[i])) for i in np.flatnonzero(ingress.counts)
+            ),
+            ingress_sum_s=ingress.sum_s,
             execution=tuple(
                 ExecutionTimes.from_samples(size, samples)
                 for size, samples in sorted(execution.items())
