@@ -229,7 +229,11 @@ BAD_COMMAND_LINES = {
     "--device: expected": ("worker", "--model", "no-such-model", "--device", "tpu"),
     "--device cuda": ("worker", "--model", "no-such-model", "--device", "cuda"),
     "--redis": ("worker", "--model", "no-such-model", "--redis", "notaurl"),
-}
+    "--under-load http://127.0.0.1:9": (
+        "profile", "--model", "no-such-model", "--under-load", "http://127.0.0.1:9",
+    ),
+    "--rates": ("profile", "--model", "no-such-model", "--under-load", "x", "--rates", "0"),
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("named", BAD_COMMAND_LINES)
@@ -274,7 +278,7 @@ def test_loadgen_replays_a_trace_open_loop(worker, tmp_path, capsys):
     assert 40 <= summary["requests"] <= 130  # Poisson around 80 in 2 s
     rows = out.read_text().splitlines()
     header = "scheduled_s,sent_s,status,latency_s,queue_wait_ms,batch_size,execution_ms"
-    assert rows[0] == header + ",ingress_ms"
+    assert rows[0] == header + ",ingress_ms,padded_size"
     assert len(rows) == 1 + summary["requests"]
     assert 0 <= summary["ingress_ms"]["p50"] <= summary["ingress_ms"]["p99"]
 
@@ -313,3 +317,21 @@ def test_profile_writes_json_that_simulate_loads(tmp_path, capsys):
     assert simulate(["--trace", str(trace), "--latency-model", str(profile), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["latency_model"] == str(profile)
+
+
+def test_profile_under_load_reads_the_batches_a_serving_worker_ran(worker, tmp_path, capsys):
+    from server.cli import main as tidal
+    from simulations.cli import main as simulate
+
+    served = tmp_path / "served.json"
+    argv = ["profile", "--model", "demo-cnn", "--under-load", worker, "--rates", "150"]
+    assert tidal([*argv, "--seconds", "2", "--runs", "3", "--out", str(served)]) == 0
+    document = json.loads(served.read_text())
+    assert document["failed"] == 0 and document["requests"] > 150
+    sizes = [p["batch_size"] for p in document["points"]]
+    assert sizes and set(sizes) <= {1, 2, 4, 8}  # padded to the worker's buckets, cap 8
+    assert all(p["p99_ms"] >= p["mean_ms"] > 0 and p["batches"] >= 3 for p in document["points"])
+    assert "batches per size" in capsys.readouterr().out
+    trace = tmp_path / "t.csv"
+    trace.write_text("timestamp,count\n" + "".join(f"{s},50\n" for s in range(20)))
+    assert simulate(["--trace", str(trace), "--latency-model", str(served), "--json"]) == 0

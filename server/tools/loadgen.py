@@ -42,6 +42,7 @@ class RequestResult:
     batch_size: int | None
     execution_ms: float | None = None
     ingress_ms: float | None = None  # the worker's socket to its batcher (its account)
+    padded_size: int | None = None  # the batch size that ran on the device
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -126,6 +127,7 @@ async def replay(
                     timing.get("batch_size"),
                     timing.get("execution_ms"),
                     timing.get("ingress_ms"),
+                    timing.get("padded_size"),
                 )
             except httpx.HTTPError:
                 results[i] = RequestResult(

@@ -8,6 +8,10 @@ parameters; on CPU the sum of every module's output tensors, an upper bound on w
 forward pass holds). The largest feasible batch is `(device memory - parameters) /
 per-sample activations`, with `--memory-budget` standing in for device memory on CPU.
 The JSON loads directly into `simulate --latency-model profile.json` and the controller.
+
+    tidal profile --model demo-cnn --under-load http://127.0.0.1:8001 --out served.json
+
+measures a running worker while it serves load instead (`profile_under_load`).
 """
 
 from __future__ import annotations
@@ -43,6 +47,26 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     profile.add_argument(
         "--runs", type=int, default=20, help="timed runs per batch size (default 20)"
     )
+    load = profile.add_argument_group(
+        "under serving load (the profile the hardware gives while it serves)"
+    )
+    load.add_argument(
+        "--under-load",
+        metavar="URL",
+        help="measure a running tidal worker at URL while it serves open-loop Poisson "
+        "load (its config forms the batches); --runs is then the fewest batches a size "
+        "needs to be a point",
+    )
+    load.add_argument(
+        "--rates", default="20,50,100", help="req/s, each in turn (default 20,50,100)"
+    )
+    load.add_argument(
+        "--seconds",
+        type=float,
+        default=10.0,
+        help="seconds of load at each rate (default 10)",
+    )
+    load.add_argument("--seed", type=int, default=0, help="of the arrivals (default 0)")
     profile.add_argument("--out", type=Path, help="write the profile JSON here")
     profile.add_argument("--plot", type=Path, help="write a PNG of latency and throughput")
     profile.set_defaults(handler=run_profile)
@@ -106,6 +130,8 @@ def activation_bytes(model: ServedModel, inputs: list, device: torch.device) -> 
 
 
 def run_profile(args: argparse.Namespace) -> int:
+    if args.under_load is not None:
+        return _run_under_load(args)
     sizes = _sizes(args.batch_sizes)
     budget = parse_size_bytes(args.memory_budget, field="--memory-budget")
     if args.runs < 1:
@@ -149,7 +175,35 @@ def run_profile(args: argparse.Namespace) -> int:
     return 0
 
 
-def _table(points: list[tuple[int, float, float]], memory: dict) -> str:
+def _run_under_load(args: argparse.Namespace) -> int:
+    from server.tools import profile_under_load as under_load
+
+    rates = under_load.parse_rates(args.rates)
+    if not 0 < args.seconds <= 3600:
+        raise InvalidInput(f"--seconds must be in (0, 3600], got {args.seconds:g}")
+    if args.runs < 1:
+        raise InvalidInput(f"--runs must be >= 1, got {args.runs}")
+    if args.out is not None:
+        _write(args.out, {})  # an unwritable --out fails now, not after the load
+    under_load.check_worker(args.under_load)
+    model = load_model(args.model)
+    document, _ = under_load.profile_under_load(
+        args.under_load, model, rates, args.seconds, args.runs, args.seed
+    )
+    points = [(p["batch_size"], p["mean_ms"] / 1e3, p["p99_ms"] / 1e3) for p in document["points"]]
+    print(_table(points, None))
+    counts = ", ".join(f"{p['batch_size']}: {p['batches']}" for p in document["points"])
+    print(
+        f"{document['requests']:,} requests ({document['failed']} failed); batches per "
+        f"size: {counts}"
+    )
+    if args.out is not None:
+        _write(args.out, document)
+        print(f"wrote {args.out} ({parse_latency_model(str(args.out)).describe()})")
+    return 0
+
+
+def _table(points: list[tuple[int, float, float]], memory: dict | None) -> str:
     base_throughput = points[0][0] / points[0][1]
     lines = [f"{'batch':>6} {'mean ms':>9} {'p99 ms':>9} {'req/s':>10} {'vs batch 1':>10}"]
     for size, mean, p99 in points:
@@ -161,9 +215,11 @@ def _table(points: list[tuple[int, float, float]], memory: dict) -> str:
     sizes = np.array([p[0] for p in points], dtype=float)
     means = np.array([p[1] for p in points]) * 1e3
     slope, intercept = np.polyfit(sizes, means, 1) if len(points) > 1 else (0.0, means[0])
+    lines.append(f"linear fit: linear:{max(intercept, 0):.3f},{max(slope, 0):.4f} (ms)")
+    if memory is None:  # measured under load: memory is the in-process profile's job
+        return "\n".join(lines)
     free = memory["device_bytes"] - memory["parameter_bytes"]
     largest = free // max(memory["activation_bytes_per_sample"], 1)
-    lines.append(f"linear fit: linear:{max(intercept, 0):.3f},{max(slope, 0):.4f} (ms)")
     lines.append(
         f"parameters {memory['parameter_bytes'] / 2**20:.1f} MiB, activations "
         f"{memory['activation_bytes_per_sample'] / 2**20:.2f} MiB/sample: largest feasible batch "

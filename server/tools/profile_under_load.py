@@ -1,0 +1,112 @@
+"""`tidal profile --under-load URL`: a latency profile measured while a worker serves.
+
+A profile taken with the model alone on the machine misses what serving costs: the HTTP
+layer, the load generator and the model share the cores, so batches run slower and more
+variably than profiled (docs/benchmarks.md measured p99 69% above the profile's). This
+mode replays open-loop Poisson load at each of `--rates` against a running `tidal
+worker` (its own config decides the batches) and reads every answer's timing: the padded
+size that ran and its execution time. Requests of one batch share both, so a run of n
+equal answers from a batch of n counts once. Sizes with at least `--runs` batches become
+the profile's points (mean and p99 over batches), in the JSON `simulate --latency-model`
+and the controller load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+
+import httpx
+import numpy as np
+
+from server.tools.loadgen import RequestResult, encode_payloads, replay
+from server.worker.models import ServedModel
+from tidal_base.errors import InvalidInput
+
+
+def parse_rates(text: str) -> list[float]:
+    try:
+        rates = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise InvalidInput(f"--rates: expected req/s separated by commas, got {text!r}") from None
+    if not rates or any(not (0 < r < 1e5) for r in rates):
+        raise InvalidInput(f"--rates: each rate must be in (0, 100000) req/s, got {text!r}")
+    return rates
+
+
+def check_worker(url: str) -> None:
+    """Fail in the first second, naming the URL, when no worker answers there."""
+    try:
+        response = httpx.get(f"{url.rstrip('/')}/healthz", timeout=5.0)
+    except httpx.HTTPError as error:
+        raise InvalidInput(f"--under-load {url}: no worker answers ({error})") from None
+    if response.status_code != 200:
+        raise InvalidInput(f"--under-load {url}: /healthz answered {response.status_code}")
+
+
+def poisson_times(rates: list[float], seconds: float, seed: int) -> np.ndarray:
+    """Arrival times (s from now) of `seconds` at each rate in turn."""
+    rng = np.random.default_rng(seed)
+    parts = []
+    for i, rate in enumerate(rates):
+        gaps = rng.exponential(1.0 / rate, size=int(rate * seconds * 1.5) + 10)
+        times = np.cumsum(gaps)
+        parts.append(i * seconds + times[times < seconds])
+    return np.concatenate(parts)
+
+
+def batches_by_size(results: list[RequestResult]) -> dict[int, list[float]]:
+    """Execution seconds per batch, by padded size, from per-request answers."""
+    answers = collections.Counter(
+        (r.padded_size, r.batch_size, r.execution_ms)
+        for r in results
+        if r.status == 200 and r.padded_size and r.batch_size and r.execution_ms is not None
+    )
+    by_size: dict[int, list[float]] = collections.defaultdict(list)
+    for (padded, size, execution_ms), count in answers.items():
+        # n answers of one batch of n; two batches with the same time to the microsecond
+        # give 2n, hence the rounding.
+        by_size[padded].extend([execution_ms / 1e3] * max(1, round(count / size)))
+    return dict(by_size)
+
+
+def profile_under_load(
+    url: str,
+    model: ServedModel,
+    rates: list[float],
+    seconds: float,
+    min_batches: int,
+    seed: int = 0,
+) -> tuple[dict, list[RequestResult]]:
+    """The profile document and the answers it was read from."""
+    payloads, content_type = encode_payloads(model, "binary")
+    times = poisson_times(rates, seconds, seed)
+    results = asyncio.run(replay(url, times, payloads, 2000, content_type))
+    failed = sum(r.status != 200 for r in results)
+    by_size = batches_by_size(results)
+    points = [
+        {
+            "batch_size": size,
+            "mean_ms": round(float(np.mean(samples)) * 1e3, 4),
+            "p99_ms": round(float(np.quantile(samples, 0.99)) * 1e3, 4),
+            "batches": len(samples),
+        }
+        for size, samples in sorted(by_size.items())
+        if len(samples) >= min_batches
+    ]
+    if not points:
+        seen = {size: len(samples) for size, samples in sorted(by_size.items())}
+        raise InvalidInput(
+            f"under load at {url}: no batch size ran {min_batches} times (batches per "
+            f"padded size: {seen}; {failed} of {len(results)} requests failed): raise "
+            "--seconds or lower --runs"
+        )
+    document = {
+        "model": model.name,
+        "measured": f"under load at {url}: {', '.join(f'{r:g}' for r in rates)} req/s, "
+        f"{seconds:g} s each",
+        "requests": len(results),
+        "failed": failed,
+        "points": points,
+    }
+    return document, results
