@@ -60,7 +60,7 @@ def run_policy(policy: str, args: argparse.Namespace, work: Path) -> dict:
             "controller", "--redis", "none", "--pool", "live", "--policy", policy,
             "--slo", f"{SLO_S}s", "--workers", "2", "--latency-model", str(work / "profile.json"),
             "--events", str(events_path), "--port", str(PORT), "--local-workers", "2",
-            "--worker-port", str(PORT + 1),
+            "--worker-port", str(PORT + 1), "--latency-drift", repr(args.latency_drift),
         ],
         log.open("w"),
     )  # fmt: skip
@@ -127,6 +127,12 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=120.0, help="the day replayed in")
     parser.add_argument("--peak-rps", type=float, default=120.0, help="replayed peak rate")
     parser.add_argument("--policy", action="append", help="policies (default: 3)")
+    parser.add_argument(
+        "--latency-drift",
+        type=float,
+        default=0.2,
+        help="the controller's --latency-drift (0: plan on the profile throughout)",
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="tidal-live-"))
     started = time.perf_counter()
@@ -153,6 +159,7 @@ def main() -> None:
         json.dumps(
             {
                 "seconds": args.seconds,
+                "latency_drift": args.latency_drift,
                 "peak_rps": args.peak_rps,
                 "slo_ms": SLO_S * 1e3,
                 "results": rows,

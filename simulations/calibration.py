@@ -38,9 +38,14 @@ def performance_table(
     padded: bool,
     routing: Routing = Routing.SHARED,
     seed: int = 0,
+    cached: bool = True,
 ) -> PerformanceTable:
-    """The table for one pool; `padded` when batches run padded to warmed buckets."""
+    """The table for one pool; `padded` when batches run padded to warmed buckets.
+    `cached=False` for a model that will not recur (one learned from serving): the
+    process-wide cache would otherwise keep every table a long-running controller built."""
     key = (latency.describe(), workers, slo_s, padded, routing, seed)
+    if not cached:
+        return _TABLES.get(key) or _compile(latency, workers, slo_s, padded, routing, seed)
     if key not in _TABLES:
         _TABLES[key] = _compile(latency, workers, slo_s, padded, routing, seed)
     return _TABLES[key]

@@ -241,7 +241,8 @@ class PoolControl:
     def _compile_table(self, latency: LatencyModel, workers: int, slo_s: float):
         """The optimiser's table for a (learned) latency model, as the plan compiles it."""
         plan = self.plan
-        return performance_table(latency, workers, slo_s, plan.warmup_s > 0, plan.routing)
+        padded = plan.warmup_s > 0
+        return performance_table(latency, workers, slo_s, padded, plan.routing, cached=False)
 
     def policy_context(self) -> PolicyContext:
         plan = self.plan
