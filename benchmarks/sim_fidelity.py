@@ -11,7 +11,11 @@ clients see?
    accounts: the worker's own (queue wait + execution), the worker's from its socket
    (+ ingress, the HTTP layer's queue) and the client's (send to answer).
 3. Simulate the same arrival times with each profile, padded to the worker's warmed
-   power-of-two buckets as the worker runs them.
+   power-of-two buckets as the worker runs them. For the client's account, also the
+   simulation plus what a request waits outside the batcher, drawn independently from
+   the distribution the profile under load measured at the rate nearest the load
+   around that request (arrivals within a second; `request_overhead_ms`: client
+   latency minus queue wait and execution, in the held-out profiling run).
 4. Compare mean batch size (target within 10%) and p50/p99 (target within 20%).
 
     PYTHONPATH=. python benchmarks/sim_fidelity.py [--duration 60]
@@ -79,6 +83,25 @@ def profiles(folder: Path) -> dict[str, Path]:
     return {"alone": alone, "under load": served}
 
 
+def with_overhead(
+    latency_s: np.ndarray, arrived_s: np.ndarray, profile_path: Path, seed: int = 0
+) -> np.ndarray:
+    """Simulated latencies plus independent draws of the request overhead the profile
+    measured at the rate nearest (in log) each request's local rate: the HTTP layer
+    queues more at a peak than on average."""
+    entries = json.loads(profile_path.read_text())["request_overhead_ms"]
+    order = np.sort(arrived_s)
+    local_rps = np.searchsorted(order, arrived_s + 0.5) - np.searchsorted(order, arrived_s - 0.5)
+    profiled = np.log([e["rate_rps"] for e in entries])
+    nearest = np.abs(np.log(np.maximum(local_rps, 1))[:, None] - profiled[None, :]).argmin(1)
+    draws = np.random.default_rng(seed).random(latency_s.size)
+    overhead_ms = np.empty_like(latency_s)
+    for i, entry in enumerate(entries):
+        at = nearest == i
+        overhead_ms[at] = np.interp(draws[at], entry["levels"], entry["quantiles"])
+    return latency_s + overhead_ms / 1e3
+
+
 def simulated(times: np.ndarray, profile_path: Path) -> dict:
     trace = RequestTrace("live arrivals", np.sort(times))
     latency = parse_latency_model(str(profile_path))
@@ -90,7 +113,12 @@ def simulated(times: np.ndarray, profile_path: Path) -> dict:
     records = result.records
     latency_s = records[:, 3] - records[:, 1]  # completed - arrived
     sizes = np.bincount(records[:, 5].astype(np.int64))
-    return {"sim": _figures(latency_s, float(sizes[sizes > 0].mean()), len(latency_s))}
+    mean_batch = float(sizes[sizes > 0].mean())
+    figures = {"sim": _figures(latency_s, mean_batch, len(latency_s))}
+    if "request_overhead_ms" in json.loads(profile_path.read_text()):
+        client_s = with_overhead(latency_s, records[:, 1], profile_path)
+        figures["sim + overhead"] = _figures(client_s, mean_batch, len(latency_s))
+    return figures
 
 
 def live(times: np.ndarray) -> dict:
@@ -152,13 +180,17 @@ def main() -> int:
             times = arrival_times(trace.path, trace.time_scale, trace.rate_scale, args.duration, 0)
             real = live(times)
             for profile, path in paths.items():
-                sim = simulated(times, path)["sim"]
-                for account, figures in real.items():
+                predicted = simulated(times, path)
+                pairs = [("sim", account) for account in real]
+                if "sim + overhead" in predicted:
+                    pairs.append(("sim + overhead", "client"))
+                for kind, account in pairs:
+                    sim, figures = predicted[kind], real[account]
                     results.append(
                         {
                             "trace": trace.name,
                             "tuned_on": trace.tuned_on,
-                            "profile": profile,
+                            "profile": profile if kind == "sim" else f"{profile} + HTTP",
                             "live_account": account,
                             "simulated": sim,
                             "live": figures,
@@ -172,7 +204,7 @@ def main() -> int:
 
 def _table(results: list[dict]) -> str:
     header = (
-        f"{'trace':16} {'profile':11} {'live account':17} {'batch sim/live':>15} "
+        f"{'trace':16} {'profile':18} {'live account':17} {'batch sim/live':>15} "
         f"{'p50 ms sim/live':>17} {'p99 ms sim/live':>17}"
     )
     lines = [header, "-" * len(header)]
@@ -183,7 +215,7 @@ def _table(results: list[dict]) -> str:
             mark = "" if r["met"][key] else "!"
             cells.append(f"{sim:.1f}/{real:.1f} {error:+.0%}{mark}")
         lines.append(
-            f"{r['trace']:16} {r['profile']:11} {r['live_account']:17} {cells[0]:>15} "
+            f"{r['trace']:16} {r['profile']:18} {r['live_account']:17} {cells[0]:>15} "
             f"{cells[1]:>17} {cells[2]:>17}"
         )
     lines.append("! : outside the target (batch within 10%, p50 and p99 within 20%)")

@@ -332,6 +332,10 @@ def test_profile_under_load_reads_the_batches_a_serving_worker_ran(worker, tmp_p
     assert sizes and set(sizes) <= {1, 2, 4, 8}  # padded to the worker's buckets, cap 8
     assert all(p["p99_ms"] >= p["mean_ms"] > 0 and p["batches"] >= 3 for p in document["points"])
     assert "batches per size" in capsys.readouterr().out
+    (at_150,) = document["request_overhead_ms"]
+    quantiles = at_150["quantiles"]
+    assert at_150["rate_rps"] == 150 and len(quantiles) == len(at_150["levels"])
+    assert quantiles == sorted(quantiles) and quantiles[0] >= 0
     trace = tmp_path / "t.csv"
     trace.write_text("timestamp,count\n" + "".join(f"{s},50\n" for s in range(20)))
     assert simulate(["--trace", str(trace), "--latency-model", str(served), "--json"]) == 0

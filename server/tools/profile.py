@@ -197,6 +197,11 @@ def _run_under_load(args: argparse.Namespace) -> int:
         f"{document['requests']:,} requests ({document['failed']} failed); batches per "
         f"size: {counts}"
     )
+    for overhead in document["request_overhead_ms"]:
+        print(
+            f"outside the batcher at {overhead['rate_rps']:g} req/s (client latency - queue "
+            f"wait - execution): p50 {overhead['p50']:.2f} ms, p99 {overhead['p99']:.2f} ms"
+        )
     if args.out is not None:
         _write(args.out, document)
         print(f"wrote {args.out} ({parse_latency_model(str(args.out)).describe()})")

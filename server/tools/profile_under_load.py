@@ -9,6 +9,13 @@ size that ran and its execution time. Requests of one batch share both, so a run
 equal answers from a batch of n counts once. Sizes with at least `--runs` batches become
 the profile's points (mean and p99 over batches), in the JSON `simulate --latency-model`
 and the controller load.
+
+The same answers say what a client waits outside the batcher: its latency minus the
+worker's queue wait and execution (the socket's and event loop's queue, reading and
+decoding the body, the answer's way back). It grows with the load (the HTTP layer
+queues too), so the profile carries its distribution per rate, as
+`request_overhead_ms`: one entry per rate with quantiles at `levels`, for predicting
+what clients see from a simulation of the batcher (`benchmarks/sim_fidelity.py` does).
 """
 
 from __future__ import annotations
@@ -70,6 +77,43 @@ def batches_by_size(results: list[RequestResult]) -> dict[int, list[float]]:
     return dict(by_size)
 
 
+OVERHEAD_LEVELS = (
+    *(i / 20 for i in range(19)),  # 0% to 90% in steps of 5%
+    *(0.90 + i / 100 for i in range(1, 10)),  # 91% to 99%: the tail is what matters
+    0.995,
+    0.999,
+    1.0,
+)
+"""The quantiles of the request overhead a profile keeps."""
+
+
+def overhead_quantiles(
+    results: list[RequestResult], rates: list[float], seconds: float
+) -> list[dict]:
+    """Per rate: client latency minus the worker's queue wait and execution, in ms."""
+    by_rate: list[list[float]] = [[] for _ in rates]
+    for r in results:
+        if r.status == 200 and r.queue_wait_ms is not None and r.execution_ms is not None:
+            index = min(int(r.scheduled_s // seconds), len(rates) - 1)
+            by_rate[index].append(r.latency_s * 1e3 - r.queue_wait_ms - r.execution_ms)
+    entries = []
+    for rate, samples in zip(rates, by_rate, strict=True):
+        if not samples:
+            continue
+        overhead = np.maximum(np.array(samples), 0.0)
+        entries.append(
+            {
+                "rate_rps": rate,
+                "requests": len(samples),
+                "levels": [round(level, 4) for level in OVERHEAD_LEVELS],
+                "quantiles": [round(float(v), 4) for v in np.quantile(overhead, OVERHEAD_LEVELS)],
+                "p50": round(float(np.quantile(overhead, 0.5)), 4),
+                "p99": round(float(np.quantile(overhead, 0.99)), 4),
+            }
+        )
+    return entries
+
+
 def profile_under_load(
     url: str,
     model: ServedModel,
@@ -103,6 +147,7 @@ def profile_under_load(
         )
     document = {
         "model": model.name,
+        "request_overhead_ms": overhead_quantiles(results, rates, seconds),
         "measured": f"under load at {url}: {', '.join(f'{r:g}' for r in rates)} req/s, "
         f"{seconds:g} s each",
         "requests": len(results),
