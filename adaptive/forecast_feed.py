@@ -203,10 +203,14 @@ class ForecastFeed:
             self.forecast = self._predict()
 
     def _score(self, count: float, end_s: float) -> None:
-        if self.forecast is None or self._scored_stand_in:
-            return  # a stand-in is not the model on trial
-        self.steps_scored += 1
+        if self.forecast is None:
+            return
+        # The error of the forecast in force, a stand-in's too (what the dashboard shows
+        # from the first minute); only the model on trial is scored against its band.
         self.last_error_rps = (count - float(self.forecast.mean[0])) / self.step_s
+        if self._scored_stand_in:
+            return
+        self.steps_scored += 1
         # Counts are Poisson around the rate: allow three standard deviations of that noise.
         lower, upper = float(self.forecast.lower[0]), float(self.forecast.upper[0])
         inside = lower - 3 * math.sqrt(lower) <= count <= upper + 3 * math.sqrt(upper)

@@ -170,7 +170,10 @@ def test_metrics_parse_with_the_prometheus_parser(worker):
         "tidal_worker_queue_depth",
         "tidal_worker_config_max_batch_size",
         "tidal_worker_warmed_bucket",
-        "tidal_worker_device_busy_ratio",
+        "tidal_worker_model_instances",
+        "tidal_worker_model_info",
+        "tidal_build_info",
+        "process_cpu_seconds",
         "tidal_worker_padding_waste_ratio",
         "tidal_worker_warmup_ooms",
         "tidal_worker_background_errors",
@@ -180,6 +183,9 @@ def test_metrics_parse_with_the_prometheus_parser(worker):
     ok = [s for s in families["tidal_worker_requests"].samples if s.labels.get("outcome") == "ok"]
     assert ok and ok[0].value >= 1
     assert [s.value for s in families["tidal_worker_ready"].samples] == [1.0]
+    assert "_created" not in text  # counters carry no creation-time twin
+    errors = {s.labels["task"]: s.value for s in families["tidal_worker_background_errors"].samples}
+    assert errors.keys() >= {"dispatch", "warm-up", "link-report"} and set(errors.values()) == {0}
 
 
 def test_full_queue_is_429_an_expired_deadline_504_and_sigterm_drains_and_exits_0():

@@ -21,7 +21,6 @@ import socket
 from pathlib import Path
 
 import uvicorn
-from prometheus_client import CollectorRegistry
 
 from adaptive.fleet import FleetLimits
 from adaptive.latency import parse_latency_model
@@ -34,6 +33,7 @@ from server.bus.redis_bus import RedisBus, connect
 from server.control.app import create_app
 from server.control.metrics import ControllerMetrics
 from server.control.plane import PoolControl, PoolPlan
+from server.metrics_registry import process_registry
 from server.tasks import cancel_and_wait
 from simulations.cli import (
     DEFAULT_LATENCY_MODEL,
@@ -207,7 +207,7 @@ def run_controller(args: argparse.Namespace) -> int:
         _check_free(args.host, port)
     bus = make_bus(args.redis, args.redis_prefix)
     holder = args.name or f"{socket.gethostname()}:{os.getpid()}"
-    registry = CollectorRegistry()
+    registry = process_registry("controller")
     metrics = ControllerMetrics(registry)
     pools = {plan.pool: PoolControl(plan, bus, holder, metrics.observe)}
     for control in pools.values():

@@ -16,6 +16,8 @@ from adaptive.decisions import DecisionRecord, Mode
 from server.control.loop import ControlLoop
 from server.control.plane import PoolControl
 
+TICK_STAGES = ("elect", "read", "step", "refit", "replan", "publish", "record", "trim")
+"""The stages a tick fails at (`server.control.loop`), each exported from the start."""
 TICK_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 
@@ -24,9 +26,9 @@ class ControllerMetrics:
         self.registry = registry
         self.decisions = Counter(
             "tidal_controller_decisions",
-            "Control decisions by pool, policy and kind of reason "
-            "(hold, scale_up, scale_down, warm_ahead, retune, guarded, fallback, override).",
-            ["pool", "policy", "reason"],
+            "Control decisions by pool, policy and kind (hold, scale_up, scale_down, "
+            "scale_out, scale_in, warm_ahead, retune, guarded, fallback, override).",
+            ["pool", "policy", "kind"],
             registry=registry,
         )
         self.tick = Histogram(
@@ -89,7 +91,7 @@ class _PoolCollector:
         errors = CounterMetricFamily(
             "tidal_controller_tick_errors",
             "Control ticks that failed, by the stage that failed (elect, read, step, refit, "
-            "replan, publish, record, trim).",
+            "replan, publish, record, trim; each at 0 from the start).",
             labels=["pool", "stage"],
         )
         malformed = CounterMetricFamily(
@@ -118,6 +120,11 @@ class _PoolCollector:
             "enough batches, between the latency learned from serving and the planner's.",
             labels=["pool"],
         )
+        policy = GaugeMetricFamily(
+            "tidal_controller_policy_info",
+            "1, labelled with the pool's policy spec and its shadow's (empty: none).",
+            labels=["pool", "policy", "shadow"],
+        )
         for control in self.pools():
             if control.loop is None:
                 continue
@@ -135,8 +142,10 @@ class _PoolCollector:
                 "workers_alive": state.workers_alive,
                 "members_refusing_config": len(state.refusing),
             }
-            for stage, count in state.errors.items():
-                errors.add_metric([pool, stage], count)
+            for stage in sorted({*TICK_STAGES, *state.errors}):
+                errors.add_metric([pool, stage], state.errors.get(stage, 0))
+            shadow = controller.shadow.spec if controller.shadow is not None else ""
+            policy.add_metric([pool, control.policy_spec, shadow], 1.0)
             malformed.add_metric([pool], state.malformed_stats)
             for engine, count in sorted(state.engines.items()):
                 members.add_metric([pool, engine], count)
@@ -172,3 +181,4 @@ class _PoolCollector:
         yield members
         yield rebuilds
         yield drift
+        yield policy

@@ -35,12 +35,13 @@ from typing import Any
 
 from fastapi import Depends, FastAPI, Header, Request
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, Field, ValidationError
 
 from adaptive.config import BatchConfig
 from server.http_auth import TokenCheck
 from server.http_errors import error_response, first_invalid, install_error_handlers
+from server.metrics_registry import process_registry
 from server.worker.batching import (
     DeadlineExceeded,
     DynamicBatcher,
@@ -74,8 +75,8 @@ def create_app(
     """The worker's app; the batcher (and its bus link, if any) start and stop with the
     app's lifespan. The link stops after the drain, so the last window is reported.
     `token` guards a standalone worker's `PUT /v1/config` (None: refused)."""
-    registry = CollectorRegistry()
-    metrics = WorkerMetrics(registry, batcher)
+    registry = process_registry("worker")
+    metrics = WorkerMetrics(registry, batcher, model.name)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):

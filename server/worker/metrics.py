@@ -7,8 +7,6 @@ at scrape time, so a scrape always sees the current state.
 
 from __future__ import annotations
 
-import time
-
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -17,12 +15,15 @@ from server.worker.batching import DynamicBatcher, Served
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 BATCH_BUCKETS = tuple(float(1 << i) for i in range(11))
 FILL_BUCKETS = (0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
+BACKGROUND_TASKS = ("dispatch", "batch", "warm-up", "link-report", "link-config")
 
 
 class WorkerMetrics:
-    def __init__(self, registry: CollectorRegistry, batcher: DynamicBatcher) -> None:
+    def __init__(
+        self, registry: CollectorRegistry, batcher: DynamicBatcher, model: str = "unknown"
+    ) -> None:
         self.batcher = batcher
-        self.started_at = time.monotonic()
+        self.model = model
         self.requests = Counter(
             "tidal_worker_requests", "Requests by outcome.", ["outcome"], registry=registry
         )
@@ -89,7 +90,11 @@ class _StateCollector:
     def collect(self):
         b = self.metrics.batcher
         s = b.stats
-        uptime_s = max(time.monotonic() - self.metrics.started_at, 1e-9)
+        info = GaugeMetricFamily(
+            "tidal_worker_model_info", "1, labelled with the model served.", labels=["model"]
+        )
+        info.add_metric([self.metrics.model], 1.0)
+        yield info
         yield _gauge("tidal_worker_queue_depth", "Requests waiting.", b.queue_depth)
         yield _gauge(
             "tidal_worker_config_max_batch_size", "Batch cap asked for.", b.config.max_batch_size
@@ -108,18 +113,22 @@ class _StateCollector:
             warmed.add_metric([str(bucket)], 1.0)
         yield warmed
         warmup = GaugeMetricFamily(
-            "tidal_worker_warmup_seconds", "Measured warm-up time per bucket.", labels=["size"]
+            "tidal_worker_warmup_seconds",
+            "Measured warm-up time of each bucket warm now (a released bucket's series ends).",
+            labels=["size"],
         )
-        for bucket, seconds in sorted(s.warmup_s.items()):
-            warmup.add_metric([str(bucket)], seconds)
+        for bucket in b.warmed_buckets:
+            if bucket in s.warmup_s:
+                warmup.add_metric([str(bucket)], s.warmup_s[bucket])
         yield warmup
         yield _counter(
-            "tidal_worker_busy_seconds", "Seconds the model instances ran batches.", s.busy_s
+            "tidal_worker_busy_seconds",
+            "Seconds the model instances ran batches: rate() over "
+            "tidal_worker_model_instances is the busy ratio.",
+            s.busy_s,
         )
         yield _gauge(
-            "tidal_worker_device_busy_ratio",
-            "Busy seconds over uptime and instances, since start.",
-            s.busy_s / (uptime_s * b.instances),
+            "tidal_worker_model_instances", "Model instances running batches.", b.instances
         )
         yield _counter(
             "tidal_worker_oom_splits", "Batches split after running out of memory.", s.oom_splits
@@ -134,8 +143,9 @@ class _StateCollector:
             "Failures of background tasks (dispatch, warm-up, link loops), logged with tracebacks.",
             labels=["task"],
         )
-        for task, count in sorted(b.errors.counts.items()):
-            errors.add_metric([task], count)
+        # Every task from the start, at 0: rate() and increase() read 0, not no data.
+        for task in sorted({*BACKGROUND_TASKS, *b.errors.counts}):
+            errors.add_metric([task], b.errors.counts.get(task, 0))
         yield errors
         yield _gauge("tidal_worker_ready", "1 while the dispatch loop runs, else 0.", b.ready)
         yield _gauge(
