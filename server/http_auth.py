@@ -9,11 +9,18 @@ from __future__ import annotations
 
 import hmac
 
-from fastapi import Request
+from fastapi import Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from server.api_token import TOKEN_ENV
 from server.http_errors import ApiError
+
+BEARER = HTTPBearer(
+    auto_error=False,
+    scheme_name="bearer",
+    description=f"The API token ({TOKEN_ENV} or --token-file of the server).",
+)
+"""The OpenAPI security scheme of protected endpoints (Swagger's Authorize button)."""
 
 
 class TokenCheck:
@@ -23,10 +30,10 @@ class TokenCheck:
 
     def __init__(self, token: str | None) -> None:
         self.token = token.encode() if token else None
-        self.bearer = HTTPBearer(auto_error=False)
 
-    async def __call__(self, request: Request) -> None:
-        credentials: HTTPAuthorizationCredentials | None = await self.bearer(request)
+    async def __call__(
+        self, credentials: HTTPAuthorizationCredentials | None = Security(BEARER)
+    ) -> None:
         if self.token is None:
             raise ApiError(
                 403,

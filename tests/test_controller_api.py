@@ -393,3 +393,29 @@ def test_a_pool_learns_its_latency_from_serving_and_replans_on_it(tmp_path):
     families = {f.name: f for f in text_string_to_metric_families(scraped)}
     rebuilds = families["tidal_controller_latency_model_rebuilds"].samples
     assert rebuilds[0].value >= 1
+
+
+def test_docs_work_offline_and_the_openapi_names_the_bearer_token():
+    import re
+
+    async def scenario():
+        async with running(LocalPoolBus()) as (_, api):
+            page = await api.get("/docs")
+            assets = [
+                await api.get(url) for url in re.findall(r"(?:src|href)=\"([^\"]+)\"", page.text)
+            ]
+            spec = (await api.get("/openapi.json")).json()
+            redoc = await api.get("/redoc")
+            return page, assets, spec, redoc
+
+    page, assets, spec, redoc = asyncio.run(scenario())
+    assert page.status_code == 200 and "swagger" in page.text.lower()
+    # Every script, style and icon from this server: nothing from a CDN.
+    urls = re.findall(r"https?://[^\"' )]+", page.text)
+    assert urls and all(u.startswith("http://api/") for u in urls), urls
+    assert assets and all(a.status_code == 200 and a.content for a in assets)
+    assert redoc.status_code == 404  # ReDoc loads from a CDN: off
+    assert spec["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
+    override = spec["paths"]["/v1/pools/{pool}/override"]["put"]
+    assert override["security"] == [{"bearer": []}]
+    assert "security" not in spec["paths"]["/v1/pools"]["get"]  # reads are open here

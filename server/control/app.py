@@ -33,6 +33,7 @@ from forecaster.series import epoch_seconds
 from server.control.metrics import ControllerMetrics
 from server.control.plane import InsufficientHistory, PoolControl
 from server.http_auth import TokenCheck
+from server.http_docs import DOCS_APP_ARGS, serve_docs_offline
 from server.http_errors import ApiError, install_error_handlers
 from tidal_base.errors import InvalidInput
 from tidal_base.units import parse_duration_s
@@ -79,7 +80,9 @@ def create_app(
         title="Tidal control plane",
         description="Forecast-driven batching: inspect and steer each pool's decisions.",
         lifespan=lifespan,
+        **DOCS_APP_ARGS,
     )
+    serve_docs_offline(app)
     install_error_handlers(app)
     write = [Depends(TokenCheck(token))]
     read = write if protect_reads else []

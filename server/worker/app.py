@@ -40,6 +40,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from adaptive.config import BatchConfig
 from server.http_auth import TokenCheck
+from server.http_docs import DOCS_APP_ARGS, serve_docs_offline
 from server.http_errors import error_response, first_invalid, install_error_handlers
 from server.metrics_registry import process_registry
 from server.worker.batching import (
@@ -88,7 +89,8 @@ def create_app(
         if link is not None:
             await link.stop()
 
-    app = FastAPI(title=f"Tidal worker: {model.name}", lifespan=lifespan)
+    app = FastAPI(title=f"Tidal worker: {model.name}", lifespan=lifespan, **DOCS_APP_ARGS)
+    serve_docs_offline(app)
 
     install_error_handlers(app)
 
