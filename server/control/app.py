@@ -15,11 +15,13 @@ import math
 import time
 from collections.abc import Iterable
 from datetime import datetime
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 from fastapi import Depends, FastAPI, Query
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import FileResponse, JSONResponse, RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel, Field
 from redis.exceptions import RedisError
@@ -83,6 +85,7 @@ def create_app(
         **DOCS_APP_ARGS,
     )
     serve_docs_offline(app)
+    _serve_console(app)
     install_error_handlers(app)
     write = [Depends(TokenCheck(token))]
     read = write if protect_reads else []
@@ -139,6 +142,17 @@ def create_app(
     @app.get("/v1/pools/{pool}/forecast", tags=["pools"], dependencies=read)
     async def forecast(pool: str) -> dict[str, Any]:
         return _forecast(pool_of(pool))
+
+    @app.get("/v1/pools/{pool}/timeline", tags=["pools"], dependencies=read)
+    async def timeline(
+        pool: str,
+        seconds: float = Query(3600, gt=0, le=6 * 3600, description="how far back"),
+        points: int = Query(600, ge=10, le=5000, description="at most this many buckets"),
+    ) -> dict[str, Any]:
+        """Per tick (bucketed): arrival rate, worst p99, the cap asked, the smallest cap a
+        worker serves, the warm cap, the timeout and the desired replicas."""
+        control = pool_of(pool)
+        return {"pool": pool, **control.loop.timeline.window(time.time(), seconds, points)}
 
     @app.get("/v1/pools/{pool}/latency-model", tags=["pools"], dependencies=read)
     async def latency_model(
@@ -334,6 +348,23 @@ async def _summary(control: PoolControl) -> dict[str, Any]:
         "fallback_s": controller.fallback_s,
         "last_decision": controller.last.to_dict() if controller.last else None,
     }
+
+
+CONSOLE = Path(__file__).parent / "console"
+"""The operator console's page, script, style and vendored uPlot (docs/console.md)."""
+
+
+def _serve_console(app: FastAPI) -> None:
+    """`/ui`: the console, every asset from this server (it works offline)."""
+    app.mount("/ui/assets", StaticFiles(directory=CONSOLE), name="console")
+
+    @app.get("/ui", include_in_schema=False)
+    async def console() -> FileResponse:
+        return FileResponse(CONSOLE / "index.html", headers={"cache-control": "no-cache"})
+
+    @app.get("/", include_in_schema=False)
+    async def root() -> RedirectResponse:
+        return RedirectResponse("/ui")
 
 
 def _latency_model(control: PoolControl, form: str) -> dict[str, Any]:

@@ -38,6 +38,7 @@ from adaptive.decisions import DecisionRecord
 from adaptive.fleet import FleetView
 from server.bus.protocols import PoolBus
 from server.clock import LoopClock
+from server.control.timeline import Timeline, smallest_serving_cap
 
 log = logging.getLogger("tidal.controller")
 
@@ -116,6 +117,8 @@ class ControlLoop:
         self._replan: tuple[Controller, asyncio.Task] | None = None
         self._replicas = 0
         self._said_infeasible = False
+        # Every tick with news, for the console's charts (six hours at this tick).
+        self.timeline = Timeline(capacity=max(60, round(6 * 3600 / controller.settings.tick_s)))
 
     async def run(self) -> None:
         """Tick every `settings.tick_s` until cancelled; failures back off, never end it."""
@@ -142,6 +145,7 @@ class ControlLoop:
         if reports:
             record = _step(self.controller, reports, self.clock.now(), self._replicas)
             self._say_if_infeasible(record)
+            self.timeline.record(time.time(), record, smallest_serving_cap(self.latest))
         await _stage("refit", self._refit_forecast())
         await _stage("replan", self._rebuild_table())
         if self.state.leader:

@@ -1,0 +1,139 @@
+"""The operator console in a real browser (Debian's Chromium, driven by Playwright)
+against a real controller with two workers under load."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from playwright.sync_api import sync_playwright
+from processes import start_controller, stop, wait_for
+from redis_server import free_port
+
+POOL = "promo"
+TOKEN = "console-s3cret"
+CHROMIUM = "/usr/bin/chromium"
+
+
+@pytest.fixture(scope="module")
+def controller(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("console")
+    (folder / "token").write_text(TOKEN)
+    api_port, worker_port = free_port(), free_port()
+    while abs(worker_port - api_port) < 3:
+        worker_port = free_port()
+    process = start_controller(
+        [
+            "--redis", "none", "--pool", POOL, "--policy", "predictive:step=2s",
+            "--workers", "2", "--tick", "0.5s", "--token-file", str(folder / "token"),
+            "--port", str(api_port), "--local-workers", "2", "--worker-port", str(worker_port),
+        ],
+        folder / "controller.log",
+    )  # fmt: skip
+    api = f"http://127.0.0.1:{api_port}"
+    workers = [f"http://127.0.0.1:{worker_port + i}" for i in range(2)]
+    trace = folder / "steady.csv"
+    trace.write_text("timestamp,count\n" + "".join(f"{s},20\n" for s in range(200)))
+    load = None
+    try:
+        wait_for(lambda: httpx.get(f"{api}/readyz").status_code == 200, 90, "the controller")
+        load = subprocess.Popen(
+            [
+                sys.executable, "-m", "server.cli", "loadgen", "--trace", str(trace),
+                "--target", ",".join(workers), "--duration", "150s", "--json",
+            ],
+            stdout=subprocess.DEVNULL,
+        )  # fmt: skip
+        wait_for(lambda: httpx.get(f"{api}/v1/pools/{POOL}").json()["last_decision"], 30, "a tick")
+        yield api, workers, folder
+    finally:
+        if load is not None:
+            stop(load)
+        stop(process)
+
+
+@pytest.fixture
+def page(controller):
+    if not Path(CHROMIUM).exists() and shutil.which("chromium") is None:
+        pytest.fail("chromium not found: apt-get install chromium (.ci/run installs it)")
+    requested: list[str] = []
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        tab = browser.new_page(viewport={"width": 1400, "height": 1600})
+        tab.on("request", lambda request: requested.append(request.url))
+        problems: list[str] = []
+        tab.on("pageerror", lambda error: problems.append(str(error)))
+        tab.requested, tab.problems = requested, problems
+        yield tab
+        browser.close()
+    # Every request stayed on this machine: no CDN, no fonts, no telemetry.
+    assert requested and all(u.startswith(("http://127.0.0.1:", "data:")) for u in requested), {
+        u for u in requested if not u.startswith("http://127.0.0.1:")
+    }
+    assert not problems, problems
+
+
+def fact(page, label: str) -> str:
+    return page.inner_text(f'[data-fact="{label}"]')
+
+
+def test_the_pool_page_shows_what_the_api_says(controller, page):
+    api, _, folder = controller
+    page.goto(f"{api}/ui#/pools/{POOL}")
+    page.wait_for_selector("#workers tbody tr >> nth=1")
+    page.wait_for_selector("#chart-load canvas")
+    summary = httpx.get(f"{api}/v1/pools/{POOL}").json()
+    config = summary["config"]
+    shown = fact(page, "config in force")
+    assert shown.startswith(f"batch {config['max_batch']}, {config['timeout_ms']:.1f} ms"), shown
+    assert fact(page, "version") == str(summary["version"])
+    assert fact(page, "workers alive") == "2"
+    assert fact(page, "policy") == summary["policy"]
+    names = page.locator("#workers tbody tr td:first-child").all_inner_texts()
+    assert sorted(names) == ["local-0", "local-1"]
+    assert page.locator("#decisions tbody tr").count() >= 1
+    page.screenshot(path=str(folder / "pool.png"), full_page=True)
+    page.goto(f"{api}/ui")
+    page.wait_for_selector(f'#pools a[href="#/pools/{POOL}"]')
+    page.screenshot(path=str(folder / "pools.png"))
+
+
+def test_a_wrong_token_is_refused_readably_and_a_pin_reaches_the_workers(controller, page):
+    api, workers, folder = controller
+    page.goto(f"{api}/ui#/pools/{POOL}")
+    page.wait_for_selector("#pin-form")
+    page.fill("#token", "not-the-token")
+    page.click("#token-form button")
+    page.fill('#pin-form input[name="max_batch"]', "4")
+    page.fill('#pin-form input[name="timeout_ms"]', "3")
+    page.fill('#pin-form input[name="reason"]', "from the console")
+    page.click('#pin-form button[type="submit"]')
+    page.wait_for_selector("#message.error")
+    assert page.inner_text("#message") == ("Refused: wrong bearer token (authorization) [HTTP 403]")
+    assert httpx.get(f"{api}/v1/pools/{POOL}").json()["override"] is None
+    page.fill("#token", TOKEN)
+    page.click("#token-form button")
+    page.click('#pin-form button[type="submit"]')
+    page.wait_for_selector("#message.info")
+    assert page.inner_text("#message").startswith("Pinned batch 4, 3.0 ms until")
+
+    def workers_pinned():
+        stats = [httpx.get(f"{w}/v1/stats").json()["config"] for w in workers]
+        return all(s["max_batch"] == 4 and s["timeout_ms"] == 3 for s in stats)
+
+    wait_for(workers_pinned, 10, "both workers running the pinned config")
+    page.wait_for_function(
+        "document.querySelector('#decisions tbody').innerText.includes('override')", timeout=10_000
+    )
+    assert fact(page, "mode") == "override"
+    page.screenshot(path=str(folder / "pinned.png"), full_page=True)
+    # The token went in a header, never in a URL, and is not on the page.
+    assert all(TOKEN not in url for url in page.requested)
+    assert TOKEN not in page.content()
+    page.click("#unpin")
+    page.wait_for_function("document.querySelector('#message').innerText === 'Pin lifted.'")
+    assert httpx.get(f"{api}/v1/pools/{POOL}").json()["override"] is None
