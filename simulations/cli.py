@@ -250,6 +250,7 @@ def _run(args: argparse.Namespace) -> int:
         events=_events(args, origin_s),
         origin_s=origin_s,
         guardrails=parse_guardrails(args.guard),
+        on_trace_clock=trace.origin is not None and args.time_scale == 1,
     )
     latency = parse_latency_model(args.latency_model)
     context = policy_context(trace, latency, pool)
@@ -395,16 +396,17 @@ def _emit(report: SimulationReport, args: argparse.Namespace) -> None:
         return
     print(format_table(report))
     if args.out is not None:
-        print(f"wrote {args.out}/summary.json, timelines and plots")
+        print(f"wrote {args.out}/summary.json, timelines, plots and report.html")
 
 
 def _write_out(report: SimulationReport, out_dir: Path) -> None:
+    from simulations.html_report import write_html_report
     from simulations.plots import write_plots  # matplotlib loads only when plots are wanted
     from simulations.report import write_outputs
 
     try:
         write_outputs(report, out_dir)
-        write_plots(report, out_dir)
+        write_html_report(report, out_dir, write_plots(report, out_dir))
     except OSError as error:
         raise InvalidInput(f"{out_dir}: cannot write outputs ({error.strerror})") from None
 

@@ -149,13 +149,14 @@ def _summary(trace, series, settings, results, specs, requested) -> dict:
 def _table(summary: dict) -> str:
     lines = [
         f"{summary['trace']}: step {summary['step_s']:g}s, horizon {summary['horizon_s']:g}s, "
-        f"{summary['level']:.0%} {summary['band']} intervals; MASE is MAE over seasonal-naive's"
+        f"{summary['level']:.0%} {summary['band']} intervals; MAE in requests per step; MASE "
+        "is MAE over seasonal-naive's"
         + (
             "; calib: origins with the whole horizon calibrated"
             if summary["band"] == "conformal"
             else ""
         ),
-        f"{'model':<22} {'MAE':>10} {'sMAPE':>7} {'MASE':>6} {'cover':>6} {'calib':>6} "
+        f"{'model':<22} {'MAE/step':>10} {'sMAPE':>7} {'MASE':>6} {'cover':>6} {'calib':>6} "
         f"{'upd+pred p99 ms':>15} {'fit s':>7}",
     ]
     for m in summary["models"]:

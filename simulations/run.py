@@ -46,6 +46,7 @@ class SimulationSettings:
     events: tuple[Event, ...] = ()
     origin_s: float = 0.0
     guardrails: Guardrails = field(default_factory=Guardrails)
+    on_trace_clock: bool = False  # origin_s is the trace's own start, not time-scaled
 
     def __post_init__(self) -> None:
         if self.tick_s <= 0:
@@ -167,6 +168,11 @@ class SimulationReport:
     results: tuple[PolicyResult, ...]
     notes: tuple[str, ...] = ()
     scaling: bool = False  # the fleet's size was the policies' to change
+    events: tuple[Event, ...] = ()  # declared, on the replay's clock (Unix seconds)
+    origin_s: float = 0.0  # Unix time of the replay's start, the events' clock
+    # The same where the replay runs on the trace's own clock (a trace with timestamps,
+    # not time-scaled): plots show clock time then, hours since the start otherwise.
+    clock_origin_s: float | None = None
 
 
 class _PolicyRun:
@@ -387,6 +393,9 @@ def simulate(
         results=tuple(results),
         notes=tuple(trace.notes),
         scaling=settings.pool.fleet is not None,
+        events=settings.events,
+        origin_s=settings.origin_s,
+        clock_origin_s=settings.origin_s if settings.on_trace_clock else None,
     )
 
 

@@ -35,6 +35,7 @@ class WindowRow:
     fallback: bool = False
     replicas: int = 0  # provisioned at the window's end (ready or starting)
     replica_seconds: float = 0.0  # provisioned replica time within the window
+    warm_max_batch: int = 0  # the config's warm target at the window's end
 
     @property
     def arrival_rate_rps(self) -> float:
@@ -99,6 +100,7 @@ class TimelineBuilder:
                 fallback=fallback,
                 replicas=self.workers if replicas is None else replicas,
                 replica_seconds=paid_s,
+                warm_max_batch=config.warm_target,
             )
         )
         self._start_s = end_s

@@ -82,6 +82,7 @@ def test_out_dir_gets_summary_timelines_and_plots(capsys, small_trace, tmp_path)
         "decisions-static-max_batch-16-timeout-5ms.jsonl",
         "decisions-static-max_batch-4-timeout-2ms.jsonl",
         "p99.png",
+        "report.html",
         "summary.json",
         "timeline-static-max_batch-16-timeout-5ms.csv",
         "timeline-static-max_batch-4-timeout-2ms.csv",
@@ -90,6 +91,69 @@ def test_out_dir_gets_summary_timelines_and_plots(capsys, small_trace, tmp_path)
     assert timeline[0].startswith("start_s,end_s,arrivals,completed,shed,p50_ms,p99_ms")
     assert len(timeline) == 1 + 6  # 60 s in 10 s windows
     assert "wrote" in capsys.readouterr().out
+    page = (out / "report.html").read_text()
+    # Self-contained: the four plots inline, nothing fetched from anywhere.
+    assert page.count('src="data:image/png;base64,') == 4
+    assert "http://" not in page and "https://" not in page
+    assert "static:max_batch=4,timeout=2ms" in page and "SLO %" in page
+
+
+def test_plots_read_at_a_glance():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from simulations.plots import POLICY_COLORS, SLO_COLOR, _cap_axis, _latency_axis
+
+    fig, (caps, latency) = plt.subplots(1, 2)
+    caps.plot([0, 1], [32, 128])
+    _cap_axis(caps, [32, 128])
+    fig.canvas.draw()
+    labels = [t.get_text() for t in caps.get_yticklabels() if t.get_visible()]
+    assert {"32", "64", "128"} <= set(labels)  # numbers, not 3x10^1
+    assert caps.get_ylim()[1] > 128  # the top cap is not clipped
+    latency.plot([0, 1], [20, 400])
+    _latency_axis(latency)
+    fig.canvas.draw()
+    shown = {t.get_text() for t in latency.get_yticklabels()}
+    assert {"50", "100", "200"} <= shown
+    assert SLO_COLOR not in POLICY_COLORS
+    plt.close(fig)
+
+
+def test_the_control_plot_marks_events_and_the_slo_by_value(tmp_path, monkeypatch):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    from forecaster.events import Event
+    from simulations import plots
+    from simulations.timeline import WindowRow
+
+    rows = tuple(
+        WindowRow(10.0 * i, 10.0 * (i + 1), 100, 100, 0, 5.0, 9.0, 4.0, 0.5, 0.3, 0, 16, 5.0,
+                  warm_max_batch=64 if i == 3 else 16)
+        for i in range(6)
+    )  # fmt: skip
+    result = type("Result", (), {"timeline": rows, "policy": "predictive"})()
+    report = type(
+        "Report",
+        (),
+        {"results": (result,), "scaling": False, "slo_s": 0.1, "clock_origin_s": 1.8e9,
+         "origin_s": 1.8e9, "events": (Event("sale", 1.8e9 + 20, 1.8e9 + 40, 3.0),)},
+    )()  # fmt: skip
+    drawn = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: drawn.append(fig))
+    plots._plot_control(report, tmp_path / "control.png")
+    (load, config, p99) = drawn[0].axes[:3]
+    assert "declared events" in load.get_legend_handles_labels()[1]
+    assert "SLO 100 ms" in p99.get_legend_handles_labels()[1]
+    legend = [t.get_text() for t in config.get_legend().get_texts()]
+    assert legend == ["cap asked", "cap served", "kept warm above", "timeout (ms)"]
+    assert load.get_xlabel() == "time (UTC)"  # the trace's clock, not hours since start
+    plt.close(drawn[0])
 
 
 def test_memory_limit_clamps_and_says_so(capsys, small_trace):
