@@ -137,3 +137,23 @@ def test_a_wrong_token_is_refused_readably_and_a_pin_reaches_the_workers(control
     page.click("#unpin")
     page.wait_for_function("document.querySelector('#message').innerText === 'Pin lifted.'")
     assert httpx.get(f"{api}/v1/pools/{POOL}").json()["override"] is None
+
+
+def test_events_are_declared_and_deleted_from_the_page(controller, page):
+    api, _, _ = controller
+    page.goto(f"{api}/ui#/pools/{POOL}")
+    page.wait_for_selector("#event-form")
+    page.fill("#token", TOKEN)
+    page.click("#token-form button")
+    page.fill('#event-form input[name="name"]', "flash-sale")
+    page.fill('#event-form input[name="start"]', "2030-01-01T20:00")
+    page.fill('#event-form input[name="end"]', "2030-01-01T21:00")
+    page.fill('#event-form input[name="multiplier"]', "4")
+    page.click('#event-form button[type="submit"]')
+    page.wait_for_selector('[data-delete-event="flash-sale"]')
+    (event,) = httpx.get(f"{api}/v1/pools/{POOL}/events").json()["events"]
+    assert event["name"] == "flash-sale" and event["multiplier"] == 4
+    assert event["end"] - event["start"] == 3600  # the page's local times, as Unix seconds
+    page.click('[data-delete-event="flash-sale"]')
+    page.wait_for_function("document.querySelector('#events').innerText.includes('No declared')")
+    assert httpx.get(f"{api}/v1/pools/{POOL}/events").json()["events"] == []
