@@ -14,8 +14,10 @@ simulation's memory does not grow with the trace's length.
 
 from __future__ import annotations
 
+import csv
 import enum
 import math
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -171,7 +173,12 @@ def load_trace(
     if fmt is TraceFormat.AUTO:
         fmt = TraceFormat.COUNTS if value_col is not None else TraceFormat.REQUESTS
     if timestamp_col is None:
-        timestamp_col = table.columns[0]
+        if len(table.columns) > 1:  # which column is time? say, rather than guess
+            raise TraceError(
+                f"{path}: no timestamp column in the header ({', '.join(map(str, table.columns))}"
+                f"); name one {', '.join(TIMESTAMP_COLUMNS)}"
+            )
+        timestamp_col = table.columns[0]  # one column: the request timestamps
     if fmt is TraceFormat.COUNTS:
         if value_col is None:
             raise TraceError(
@@ -184,22 +191,51 @@ def load_trace(
 
 def _read_table(path: Path) -> pd.DataFrame:
     try:
-        table = pd.read_csv(
-            path, dtype=str, keep_default_na=False, skip_blank_lines=False, skipinitialspace=True
-        )
+        # index_col=False: a row with more fields than the header is an error (raised as
+        # pandas' warning, then located below), never a silent shift into an index.
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", pd.errors.ParserWarning)
+            table = pd.read_csv(
+                path,
+                dtype=str,
+                keep_default_na=False,
+                skip_blank_lines=False,
+                skipinitialspace=True,
+                index_col=False,
+            )
+    except pd.errors.ParserWarning:
+        raise TraceError(_ragged_row(path)) from None
     except FileNotFoundError:
         raise TraceError(f"{path}: no such trace file") from None
     except IsADirectoryError:
         raise TraceError(f"{path}: is a directory, not a trace file") from None
     except pd.errors.EmptyDataError:
         raise TraceError(f"{path}: empty trace (no header and no rows)") from None
-    except (pd.errors.ParserError, UnicodeDecodeError) as error:
+    except pd.errors.ParserError as error:
+        if "fields in line" in str(error):  # "Expected 2 fields in line 3, saw 3"
+            raise TraceError(_ragged_row(path)) from None
+        raise TraceError(f"{path}: not a readable CSV ({_first_line(error)})") from None
+    except UnicodeDecodeError as error:
         raise TraceError(f"{path}: not a readable CSV ({_first_line(error)})") from None
     blank = (table == "").all(axis=1)
     table = table[~blank]
     if table.empty:
         raise TraceError(f"{path}: empty trace (a header but no rows)")
     return table
+
+
+def _ragged_row(path: Path) -> str:
+    """Where a row has more fields than the header (read again, on this error path only)."""
+    with path.open(newline="", errors="replace") as handle:
+        rows = csv.reader(handle, skipinitialspace=True)
+        header = next(rows, [])
+        for line, row in enumerate(rows, start=2):
+            if len(row) > len(header):
+                return (
+                    f"{path}:{line}: {len(row)} fields, but the header has {len(header)} "
+                    f"({','.join(header)})"
+                )
+    return f"{path}: a row has more fields than the header"
 
 
 def _first_line(error: Exception) -> str:
@@ -259,6 +295,11 @@ def _request_trace(
         notes.append(f"{path}: request timestamps were not sorted; sorted them")
         seconds = np.sort(seconds)
     seconds = (seconds - seconds[0]) / time_scale
+    if seconds[-1] <= 0:
+        raise TraceError(
+            f"{path}: {seconds.size} request(s), all at one instant: a replay needs "
+            "arrivals spread over time (at least two timestamps)"
+        )
     return RequestTrace(path.name, seconds, origin, rate_scale, tuple(notes))
 
 

@@ -257,3 +257,25 @@ def test_exported_count_traces_replay_with_every_policy(capsys, tmp_path, interv
     assert summary["requests"] == pytest.approx(total, rel=0.02)  # Poisson around the counts
     assert len(summary["policies"]) == len(policies)
     assert all(p["completed"] + p["shed"] == summary["requests"] for p in summary["policies"])
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "timestamp,count\n0,5\n1,6,7\n2,8\n",  # a ragged row
+        "timestamp\n2024-01-01 00:00:00,3\n2024-01-01 00:00:01\n",  # ragged, first column
+        "foo,bar\n1,2\n3,4\n",  # no timestamp column
+        "timestamp\n2024-01-01 00:00:00\n",  # a single request
+    ],
+)
+def test_bad_traces_are_one_line_and_exit_2_in_simulate_and_backtest(tmp_path, capsys, text):
+    from server.cli import main as tidal
+
+    trace = tmp_path / "bad.csv"
+    trace.write_text(text)
+    assert main(["--trace", str(trace)]) == 2
+    backtest = ["forecast", "backtest", "--trace", str(trace), "--step", "1m", "--horizon", "5m"]
+    assert tidal(backtest) == 2
+    simulate_err, backtest_err = capsys.readouterr().err.strip().split("\n")
+    assert simulate_err.startswith(f"simulate: error: {trace}")
+    assert backtest_err.startswith(f"tidal: error: {trace}")

@@ -73,6 +73,12 @@ def test_time_and_rate_scale(tmp_path):
         ("timestamp,count\n0,10\n1,-4\n", r"trace.csv:3: negative 'count' \(-4\)"),
         ("timestamp,count\n0,10\n1,5\n0,7\n", r"trace.csv:4: duplicate interval .* line 2"),
         ("timestamp\n2024-01-01T00:00:00\nyesterday\n", r"trace.csv:3: cannot parse 'timestamp'"),
+        # Ragged rows: more fields than the header, also in the first column's place.
+        ("timestamp,count\n0,5\n1,6,7\n", r"trace.csv:3: 3 fields, but the header has 2"),
+        ("timestamp\n2024-01-01 00:00:00,3\n", r"trace.csv:2: 2 fields, but the header has 1"),
+        ("foo,bar\n1,2\n3,4\n", r"no timestamp column in the header \(foo, bar\)"),
+        ("timestamp\n2024-01-01 00:00:00\n", r"1 request\(s\), all at one instant"),
+        ("t\n5\n5\n", r"2 request\(s\), all at one instant"),
     ],
 )
 def test_bad_traces_name_the_file_and_line(tmp_path, text, message):
