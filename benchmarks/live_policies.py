@@ -72,7 +72,7 @@ def run_policy(policy: str, args: argparse.Namespace, work: Path) -> dict:
                 sys.executable, "-m", "server.cli", "loadgen", "--trace", str(TRACE),
                 "--target", ",".join(workers), "--time-scale", repr(time_scale),
                 "--rate-scale", repr(rate_scale), "--start-at", repr(start_at), "--json",
-                "--out", str(requests_csv),
+                "--out", str(requests_csv), "--max-failed", "1",
             ],
             capture_output=True, text=True, check=True,
         )  # fmt: skip

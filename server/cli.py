@@ -18,7 +18,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from simulations.cli import run_reporting_errors
+from simulations.cli import mark_durations, run_reporting_errors
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +86,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             importlib.import_module(entry.module).add_parser(subparsers)
         else:
             subparsers.add_parser(entry.name, help=entry.help)
-    return parser
+    return mark_durations(parser)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -55,6 +55,39 @@ def duration_arg(text: str) -> float:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+BARE_SECONDS = "a bare number is seconds"
+
+
+def mark_durations(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Say in the help of every duration flag, subcommands' too, that a bare number is
+    seconds (`--slo 100` is 100 s, not 100 ms)."""
+    for action in parser._actions:
+        if action.type is duration_arg and action.help and BARE_SECONDS not in action.help:
+            action.help = f"{action.help.rstrip()} ({BARE_SECONDS})"
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                mark_durations(sub)
+    return parser
+
+
+def warn_implausible_durations(prog: str, slo_s: float | None, timeouts_s=()) -> None:
+    """A bare number is seconds: an SLO over a minute or a batch timeout over 10 s is
+    accepted, and said, since it is most likely milliseconds written without a unit."""
+    if slo_s is not None and slo_s > 60:
+        print(
+            f"{prog}: warning: --slo {slo_s:g} is {slo_s:g} seconds ({BARE_SECONDS}); "
+            f"for milliseconds write {slo_s:g}ms",
+            file=sys.stderr,
+        )
+    for where, timeout_s in timeouts_s:
+        if timeout_s > 10:
+            print(
+                f"{prog}: warning: {where}: a batch timeout of {timeout_s:g} s "
+                f"({BARE_SECONDS}); for milliseconds write {timeout_s:g}ms",
+                file=sys.stderr,
+            )
+
+
 def positive_int_arg(text: str) -> int:
     try:
         value = int(text)
@@ -202,7 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
         "the replay in this process)",
     )
     run.add_argument("--no-progress", action="store_true", help="never show a progress bar")
-    return parser
+    return mark_durations(parser)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -238,7 +271,11 @@ def _run(args: argparse.Namespace) -> int:
         reload_s=args.reload,
         fleet=_fleet_limits(args),
     )
+    _check_plausible_flags(args)
+    if args.out is not None:
+        check_writable_folder(args.out, "--out")  # before the run, not after it
     trace = _load(args)
+    _check_plausible_replay(trace, args)
     for note in trace.notes:
         print(f"simulate: warning: {note}", file=sys.stderr)
     origin_s = epoch_seconds(trace.origin)
@@ -256,12 +293,63 @@ def _run(args: argparse.Namespace) -> int:
     context = policy_context(trace, latency, pool)
     specs = args.policy or DEFAULT_POLICIES
     policies = [build_policy(spec, context) for spec in specs]
+    warn_implausible_durations(
+        "simulate", args.slo, [(p.spec, p.initial_config().timeout_s) for p in policies]
+    )
     shadows = [build_policy(args.shadow, context) if args.shadow else None for _ in specs]
     report = _simulate_with_progress(
         trace, policies, settings, latency, args.no_progress, shadows, args.processes
     )
     _emit(report, args)
     return 0
+
+
+MAX_WORKERS = 10_000
+"""The most simulated workers (the engine keeps per-worker state and scans it each tick)."""
+MAX_REQUESTS = 1e10
+"""The most requests one run replays (the promotion day's 173 million take about 35 s)."""
+MAX_CHUNK_REQUESTS = 2e8
+"""The most arrivals in one 60 s chunk of the replay (1.6 GB of arrival times)."""
+
+
+def _check_plausible_flags(args: argparse.Namespace) -> None:
+    for flag, value in (("--workers", args.workers), ("--max-replicas", args.max_replicas)):
+        if value is not None and value > MAX_WORKERS:
+            raise InvalidInput(f"{flag} {value}: at most {MAX_WORKERS:,} simulated workers")
+
+
+def _check_plausible_replay(trace: Trace, args: argparse.Namespace) -> None:
+    """Refuse, before any work, a replay that would not fit or not mean anything."""
+    scaled = f"--time-scale {args.time_scale:g}, --rate-scale {args.rate_scale:g}"
+    if trace.duration_s < 2 * args.tick:
+        raise InvalidInput(
+            f"{trace.name}: the replay lasts {trace.duration_s:.3g} s ({scaled}), less than "
+            f"two control ticks (--tick {args.tick:g}s): lower --time-scale"
+        )
+    requests = trace.expected_requests
+    if requests > MAX_REQUESTS:
+        raise InvalidInput(
+            f"{trace.name}: the replay would hold {requests:.3g} requests ({scaled}); "
+            f"at most {MAX_REQUESTS:.0e}: lower --rate-scale"
+        )
+    per_chunk = requests / trace.duration_s * 60.0
+    if per_chunk > MAX_CHUNK_REQUESTS:
+        raise InvalidInput(
+            f"{trace.name}: {requests / trace.duration_s:.3g} req/s on average ({scaled}) "
+            f"puts {per_chunk:.3g} arrivals in a minute of replay, at most "
+            f"{MAX_CHUNK_REQUESTS:.0e}: lower --time-scale or --rate-scale"
+        )
+
+
+def check_writable_folder(folder: Path, flag: str) -> None:
+    """Create `folder` if needed and prove a file can be written there, or say why."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / ".tidal-write-check"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as error:
+        raise InvalidInput(f"{flag} {folder}: cannot write there ({error.strerror})") from None
 
 
 def _fleet_limits(args: argparse.Namespace) -> FleetLimits | None:

@@ -172,6 +172,13 @@ def load_trace(
     value_col = _find_column(table, COUNT_COLUMNS + RATE_COLUMNS)
     if fmt is TraceFormat.AUTO:
         fmt = TraceFormat.COUNTS if value_col is not None else TraceFormat.REQUESTS
+    elif fmt is TraceFormat.REQUESTS and value_col is not None:
+        # Replaying one request per row of a count trace would drop nearly all its load.
+        raise TraceError(
+            f"{path}: format 'requests' was forced, but the header has a {value_col!r} "
+            "column: this is a count-level trace (one row per interval); drop the forced "
+            "format or use 'counts'"
+        )
     if timestamp_col is None:
         if len(table.columns) > 1:  # which column is time? say, rather than guess
             raise TraceError(

@@ -51,7 +51,7 @@ def test_a_busy_port_is_named():
         )
     assert done.returncode == 2
     assert done.stderr.strip() == (
-        f"tidal: error: port {port} on 127.0.0.1: Address already in use"
+        f"tidal: error: --host/--port: cannot listen on 127.0.0.1:{port} (Address already in use)"
     )
 
 

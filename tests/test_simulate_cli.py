@@ -279,3 +279,43 @@ def test_bad_traces_are_one_line_and_exit_2_in_simulate_and_backtest(tmp_path, c
     simulate_err, backtest_err = capsys.readouterr().err.strip().split("\n")
     assert simulate_err.startswith(f"simulate: error: {trace}")
     assert backtest_err.startswith(f"tidal: error: {trace}")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--rate-scale", "1e9"], "would hold 1.73e+17 requests"),
+        (["--time-scale", "1e9"], "the replay lasts 8.64e-05 s"),
+        (["--time-scale", "20000"], "arrivals in a minute of replay"),
+        (["--workers", "100000"], "--workers 100000: at most 10,000 simulated workers"),
+        (["--out", "/proc/cannot-write-here"], "--out /proc/cannot-write-here: cannot write"),
+    ],
+)
+def test_implausible_flags_are_refused_before_any_work(capsys, argv, message):
+    assert main([*argv, "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("simulate: error: ") and message in err and err.count("\n") == 1
+
+
+def test_forcing_requests_on_a_count_trace_says_so(tmp_path, capsys, small_trace):
+    assert main(["--trace", str(small_trace), "--format", "requests"]) == 2
+    assert "this is a count-level trace" in capsys.readouterr().err
+
+
+def test_bare_numbers_are_seconds_said_in_help_and_warned_when_implausible(capsys, small_trace):
+    from server.cli import build_parser as tidal_parser
+    from simulations.cli import build_parser as simulate_parser
+
+    words = " ".join(simulate_parser().format_help().split())  # help wraps its lines
+    assert words.count("a bare number is seconds") >= 5
+    command = next(a for a in tidal_parser("controller")._actions if a.dest == "command")
+    assert "--slo SLO             p99 SLO (default 100ms) (a bare number is seconds)" in (
+        command.choices["controller"].format_help()
+    )
+    argv = ["--trace", str(small_trace), "--slo", "100", "--json"]
+    assert main([*argv, "--policy", "static:max_batch=8,timeout=20"]) == 0
+    err = capsys.readouterr().err
+    assert (
+        "--slo 100 is 100 seconds (a bare number is seconds); for milliseconds write 100ms" in err
+    )
+    assert "a batch timeout of 20 s (a bare number is seconds)" in err

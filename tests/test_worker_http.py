@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -345,3 +346,32 @@ def test_profile_under_load_reads_the_batches_a_serving_worker_ran(worker, tmp_p
     trace = tmp_path / "t.csv"
     trace.write_text("timestamp,count\n" + "".join(f"{s},50\n" for s in range(20)))
     assert simulate(["--trace", str(trace), "--latency-model", str(served), "--json"]) == 0
+
+
+def test_loadgen_exits_1_when_requests_fail_and_says_how_many(tmp_path, capsys):
+    from server.cli import main
+
+    trace = tmp_path / "steady.csv"
+    trace.write_text("timestamp,count\n0,20\n1,20\n")
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        target = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    argv = ["loadgen", "--trace", str(trace), "--target", target, "--duration", "1s", "--json"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "requests failed (by status: {'-1':" in err and "--max-failed 0.01" in err
+    assert main([*argv, "--max-failed", "1"]) == 0  # failures reported, not fatal
+
+
+def test_the_demo_finds_a_taken_port_before_it_profiles(capsys):
+    from server.cli import main
+
+    root = Path(__file__).resolve().parent.parent
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        worker_port = taken.getsockname()[1]
+        argv = ["demo", "--trace", str(root / "examples" / "promo_day.csv")]
+        assert main([*argv, "--port", str(worker_port - 1)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(f"cannot listen on 127.0.0.1:{worker_port} (Address already in use)")

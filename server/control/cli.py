@@ -34,12 +34,14 @@ from server.control.app import create_app
 from server.control.metrics import ControllerMetrics
 from server.control.plane import PoolControl, PoolPlan
 from server.metrics_registry import process_registry
+from server.ports import check_free
 from server.tasks import cancel_and_wait
 from simulations.cli import (
     DEFAULT_LATENCY_MODEL,
     duration_arg,
     parse_guardrails,
     positive_int_arg,
+    warn_implausible_durations,
 )
 from simulations.engine import Routing
 from tidal_base.errors import InvalidInput
@@ -199,12 +201,13 @@ def run_controller(args: argparse.Namespace) -> int:
             "the leader renews its lease once a tick"
         )
     plan = plan_from(args)
+    warn_implausible_durations("tidal controller", args.slo)
     token = api_token(args.token_file)
     if args.local_workers < 0:
         raise InvalidInput(f"--local-workers must be >= 0, got {args.local_workers}")
     ports = [args.port, *(args.worker_port + i for i in range(args.local_workers))]
     for port in ports:
-        _check_free(args.host, port)
+        check_free(args.host, port)
     bus = make_bus(args.redis, args.redis_prefix)
     holder = args.name or f"{socket.gethostname()}:{os.getpid()}"
     registry = process_registry("controller")
@@ -252,15 +255,6 @@ def _local_worker(args: argparse.Namespace, bus: PoolBus, index: int):
     batcher = DynamicBatcher(TorchRunner(model, "cpu"), parse_config(args.worker_config))
     link = WorkerLink(batcher, bus, args.pool, f"local-{index}")
     return create_worker_app(model, batcher, link)
-
-
-def _check_free(host: str, port: int) -> None:
-    with socket.socket() as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError as error:
-            raise InvalidInput(f"port {port} on {host}: {error.strerror}") from None
 
 
 class _SharedLoopServer(uvicorn.Server):

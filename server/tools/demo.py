@@ -26,6 +26,7 @@ from adaptive.latency import LatencyModel, parse_latency_model
 from adaptive.optimizer import ConfigOptimizer
 from forecaster.events import event_to_dict, load_events, rescale_events
 from forecaster.series import epoch_seconds
+from server.ports import check_free
 from simulations.calibration import performance_table
 from simulations.cli import duration_arg, positive_float_arg
 from simulations.traces import load_trace
@@ -68,6 +69,8 @@ def run_demo(args: argparse.Namespace) -> int:
     trace = load_trace(args.trace)  # a bad trace fails here, before anything starts
     if args.latency_model:
         parse_latency_model(args.latency_model)  # and a bad latency model
+    for port in (args.port, args.port + 1, args.port + 2):  # before a profile of 15 s
+        check_free("127.0.0.1", port, "--port (the API, then its two workers)")
     events_path = args.events or args.trace.with_suffix(".events.yaml")
     events = load_events(events_path) if events_path.exists() else ()
     peak_rps = float(trace.counts.max() / trace.step_s)
@@ -104,6 +107,7 @@ def run_demo(args: argparse.Namespace) -> int:
             "--model", args.model, "--time-scale", str(args.time_scale),
             "--rate-scale", repr(rate_scale), "--start-at", repr(start_at),
             "--out", str(work / "requests.csv"),
+            "--max-failed", "1",  # the outcome is shown below, whatever failed
         ]  # fmt: skip
         if args.duration:
             replay += ["--duration", f"{args.duration}s"]

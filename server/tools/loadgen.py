@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import csv
 import json
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import astuple, dataclass, fields
@@ -68,6 +69,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         choices=["binary", "json"],
         default="binary",
         help="request bodies (default binary)",
+    )
+    loadgen.add_argument(
+        "--max-failed",
+        type=float,
+        default=0.01,
+        help="exit 1 when more than this fraction of requests did not answer 200 (not "
+        "sent, connection errors, 429, 5xx...); default 0.01, 1 never fails",
     )
     loadgen.add_argument("--out", type=Path, help="per-request CSV")
     loadgen.add_argument("--json", action="store_true", help="print only the summary JSON")
@@ -199,6 +207,8 @@ def run_loadgen(args: argparse.Namespace) -> int:
     duration_s = parse_duration_s(args.duration, field="--duration") if args.duration else None
     if args.max_in_flight < 1:
         raise InvalidInput(f"--max-in-flight must be >= 1, got {args.max_in_flight}")
+    if not 0 <= args.max_failed <= 1:
+        raise InvalidInput(f"--max-failed must be a fraction in [0, 1], got {args.max_failed}")
     times = arrival_times(args.trace, args.time_scale, args.rate_scale, duration_s, args.seed)
     if not times.size:
         raise InvalidInput(f"{args.trace}: no arrivals to replay in the chosen span")
@@ -213,6 +223,14 @@ def run_loadgen(args: argparse.Namespace) -> int:
     if args.out is not None:
         _write_results(args.out, results)
     print(json.dumps(summary) if args.json else _format(summary))
+    failed = summary["requests"] - summary["ok"]
+    if failed > args.max_failed * summary["requests"]:
+        print(
+            f"tidal loadgen: error: {failed:,} of {summary['requests']:,} requests failed "
+            f"(by status: {summary['by_status']}), more than --max-failed {args.max_failed:g}",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 

@@ -28,7 +28,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     worker.add_argument("--host", default="127.0.0.1")
     worker.add_argument("--port", type=int, default=8001)
     worker.add_argument(
-        "--config", default="max_batch=32,timeout=10ms", help="starting batch config"
+        "--config",
+        default="max_batch=32,timeout=10ms",
+        help="starting batch config, e.g. max_batch=32,timeout=10ms (a bare number is seconds)",
     )
     worker.add_argument("--max-queue", type=int, help="queue bound; past it requests get 429")
     worker.add_argument(
@@ -71,8 +73,10 @@ def parse_config(text: str):
 def run_worker(args: argparse.Namespace) -> int:
     """Check the cheap things first (one line and exit 2 for a mistake), then serve."""
     from server.worker.serve import serve  # torch, the web stack: only when serving
+    from simulations.cli import warn_implausible_durations
 
     config = parse_config(args.config)
+    warn_implausible_durations("tidal worker", None, [("--config", config.timeout_s)])
     if args.instances < 1:
         raise InvalidInput(f"--instances must be >= 1, got {args.instances}")
     if args.max_queue is not None and args.max_queue < 1:

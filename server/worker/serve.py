@@ -15,6 +15,7 @@ import socket
 import uvicorn
 
 from adaptive.config import BatchConfig
+from server import ports
 from server.api_token import TOKEN_ENV, api_token
 from server.bus.redis_bus import RedisBus, connect
 from server.worker.app import create_app
@@ -74,15 +75,7 @@ def _redis_client(url: str):
 
 def listen(host: str, port: int) -> socket.socket:
     """A socket bound to host:port for uvicorn, or one line saying why there is none."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
-    try:
-        sock.bind((host, port))
-    except (OSError, OverflowError) as error:
-        sock.close()
-        reason = getattr(error, "strerror", None) or str(error)
-        raise InvalidInput(f"--host/--port: cannot listen on {host}:{port} ({reason})") from None
+    sock = ports.listen(host, port)
     sock.set_inheritable(True)
     return sock
 
