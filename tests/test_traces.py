@@ -51,10 +51,14 @@ def test_rate_column_is_requests_per_second(tmp_path):
     assert trace.counts.tolist() == [25.0, 10.0]
 
 
-def test_format_can_be_forced(tmp_path):
-    path = write(tmp_path, "timestamp,count\n0,10\n1,20\n")
+def test_format_can_be_forced_and_a_contradiction_is_said(tmp_path):
+    path = write(tmp_path, "timestamp,tokens\n0,10\n1,20\n")
     trace = load_trace(path, TraceFormat.REQUESTS)
     assert isinstance(trace, RequestTrace) and trace.arrivals_s.size == 2
+    counted = write(tmp_path, "timestamp,count\n0,10\n1,20\n")
+    # One request per row would replay 2 requests of 30: refused, saying why.
+    with pytest.raises(TraceError, match="'count' column: this is a count-level trace"):
+        load_trace(counted, TraceFormat.REQUESTS)
 
 
 def test_time_and_rate_scale(tmp_path):
