@@ -419,3 +419,21 @@ def test_docs_work_offline_and_the_openapi_names_the_bearer_token():
     override = spec["paths"]["/v1/pools/{pool}/override"]["put"]
     assert override["security"] == [{"bearer": []}]
     assert "security" not in spec["paths"]["/v1/pools"]["get"]  # reads are open here
+
+
+def test_an_override_with_coerced_types_is_422_naming_the_field():
+    async def scenario():
+        async with running(LocalPoolBus()) as (control, api):
+            answers = [
+                await api.put("/v1/pools/p/override", json=body, headers=AUTH)
+                for body in (
+                    {"max_batch": True, "timeout_ms": 5, "duration": "1m"},
+                    {"max_batch": "8", "timeout_ms": 5, "duration": "1m"},
+                )
+            ]
+            return answers, control.pinned
+
+    answers, pinned = asyncio.run(scenario())
+    assert [a.status_code for a in answers] == [422, 422]
+    assert all(a.json()["field"] == "max_batch" for a in answers)
+    assert pinned is None  # nothing was pinned

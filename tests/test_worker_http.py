@@ -125,6 +125,30 @@ def test_bad_inputs_are_422_naming_the_field(worker):
     assert r.status_code == 422 and r.json()["field"] == "max_batch"
 
 
+def test_nan_inputs_bad_deadline_headers_and_coerced_configs_are_422(worker):
+    poisoned = image(0)
+    poisoned[1][2][3] = float("nan")
+    body = json.dumps({"input": poisoned})  # Python writes NaN, as a careless client would
+    r = httpx.post(f"{worker}/v1/infer", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 422 and r.json()["field"] == "input", r.text
+    raw = bytearray(torch.rand((3, 32, 32)).numpy().tobytes())
+    raw[:4] = bytes(torch.tensor([float("inf")]).numpy().tobytes())
+    r = httpx.post(
+        f"{worker}/v1/infer",
+        content=bytes(raw),
+        headers={"content-type": "application/octet-stream"},
+    )
+    assert r.status_code == 422 and "finite" in r.json()["error"]
+    for bad in ("nan", "inf", "-5", "0"):
+        r = httpx.post(
+            f"{worker}/v1/infer", json={"input": image(0)}, headers={"x-deadline-ms": bad}
+        )
+        assert r.status_code == 422 and r.json()["field"] == "x-deadline-ms", (bad, r.text)
+    for config in ({"max_batch": True, "timeout_ms": 1}, {"max_batch": "8", "timeout_ms": 1}):
+        r = httpx.put(f"{worker}/v1/config", json=config, headers=AUTH)
+        assert r.status_code == 422 and r.json()["field"] == "max_batch", (config, r.text)
+
+
 def test_a_standalone_workers_config_needs_the_token(worker):
     good = {"max_batch": 8, "timeout_ms": 20}
     r = httpx.put(f"{worker}/v1/config", json=good)

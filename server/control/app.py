@@ -23,7 +23,7 @@ from fastapi import Depends, FastAPI, Query
 from fastapi.responses import FileResponse, JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 from redis.exceptions import RedisError
 
 from adaptive.config import BatchConfig
@@ -46,8 +46,11 @@ class PolicyRequest(BaseModel):
 
 
 class OverrideRequest(BaseModel):
+    # Strict: pydantic's lax mode would take `true` as 1 and "8" as 8.
+    model_config = ConfigDict(strict=True)
+
     max_batch: int = Field(ge=1, le=65536)
-    timeout_ms: float = Field(ge=0, le=60_000)
+    timeout_ms: float = Field(ge=0, le=60_000, allow_inf_nan=False)
     warm_max_batch: int = Field(default=0, ge=0, le=65536)
     duration: str | float = Field(description='how long the pin holds: "15m", "2h" or seconds')
     reason: str = Field(default="", max_length=500)

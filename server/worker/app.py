@@ -36,7 +36,7 @@ from typing import Any
 from fastapi import Depends, FastAPI, Header, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from adaptive.config import BatchConfig
 from server.http_auth import TokenCheck
@@ -58,12 +58,17 @@ from tidal_base.errors import InvalidInput
 
 class InferRequest(BaseModel):
     input: Any = Field(description="one model input: a 3x32x32 array, a list of token ids, ...")
-    deadline_ms: float | None = Field(default=None, gt=0, description="give up after this long")
+    deadline_ms: float | None = Field(
+        default=None, gt=0, allow_inf_nan=False, description="give up after this long"
+    )
 
 
 class ConfigRequest(BaseModel):
+    # Strict: pydantic's lax mode would take `true` as 1 and "8" as 8.
+    model_config = ConfigDict(strict=True)
+
     max_batch: int = Field(ge=1, le=65536)
-    timeout_ms: float = Field(ge=0, le=60_000)
+    timeout_ms: float = Field(ge=0, le=60_000, allow_inf_nan=False)
     warm_max_batch: int = Field(default=0, ge=0, le=65536)
 
 
@@ -115,6 +120,10 @@ def create_app(
         handled_at, handled_wall = batcher.clock.now(), time.time()
         if x_sent_at is not None and not math.isfinite(x_sent_at):
             return error_response(422, f"X-Sent-At must be finite, got {x_sent_at}", "x-sent-at")
+        if x_deadline_ms is not None and not (math.isfinite(x_deadline_ms) and x_deadline_ms > 0):
+            # As the body's deadline_ms: NaN would never expire, 0 or less always would.
+            message = f"X-Deadline-Ms must be a finite number > 0, got {x_deadline_ms}"
+            return error_response(422, message, "x-deadline-ms")
         parsed = await _parse_infer(request, model)
         if isinstance(parsed, JSONResponse):
             return parsed

@@ -113,6 +113,13 @@ def _image(value: Any) -> torch.Tensor:
         raise InvalidInput("input must be a 3x32x32 array of numbers") from None
     if tuple(tensor.shape) != IMAGE_SHAPE:
         raise InvalidInput(f"input must have shape 3x32x32, got {'x'.join(map(str, tensor.shape))}")
+    return _finite(tensor)
+
+
+def _finite(tensor: torch.Tensor) -> torch.Tensor:
+    """NaN and infinity would run, and answer null: refuse them instead."""
+    if not bool(torch.isfinite(tensor).all()):
+        raise InvalidInput("input holds NaN or infinite values; every value must be finite")
     return tensor
 
 
@@ -153,7 +160,7 @@ def _image_from_bytes(body: bytes) -> torch.Tensor:
         raise InvalidInput(
             f"binary input must be {expected} bytes of float32 (3x32x32), got {len(body)}"
         )
-    return torch.frombuffer(bytearray(body), dtype=torch.float32).reshape(IMAGE_SHAPE)
+    return _finite(torch.frombuffer(bytearray(body), dtype=torch.float32).reshape(IMAGE_SHAPE))
 
 
 def _image_to_bytes(value: Any) -> bytes:
