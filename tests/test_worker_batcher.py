@@ -505,3 +505,22 @@ def test_the_window_reports_execution_times_by_the_padded_size_that_ran():
     assert [t.total_s for t in stats.execution] == pytest.approx([0.014, 0.018])
     assert dict(stats.batch_sizes) == {3: 1, 8: 1}  # the sizes asked for, as before
     assert again.execution == ()  # each batch in one window only
+
+
+def test_a_worker_is_warmed_up_once_its_starting_buckets_are_and_stays_so():
+    async def scenario():
+        batcher = virtual(cold(), BatchConfig(4, 0.0), warm_s=1.0)
+        seen = [batcher.warmed_up]
+        await batcher.start()
+        seen.append(batcher.warmed_up)  # buckets 1, 2, 4 warm one a second
+        await at(2.5)
+        seen.append(batcher.warmed_up)
+        await at(3.5)
+        seen.append(batcher.warmed_up)
+        batcher.reconfigure(BatchConfig(4, 0.0, 16))  # warming ahead: still ready
+        await at(4.0)
+        seen.append((batcher.warmed_up, batcher.warming))
+        await batcher.drain()
+        return seen
+
+    assert run_virtual(scenario()) == [False, False, False, True, (True, True)]

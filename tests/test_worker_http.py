@@ -149,6 +149,11 @@ def test_nan_inputs_bad_deadline_headers_and_coerced_configs_are_422(worker):
         assert r.status_code == 422 and r.json()["field"] == "max_batch", (config, r.text)
 
 
+def test_a_warm_worker_is_ready(worker):
+    ready = httpx.get(f"{worker}/readyz")
+    assert ready.status_code == 200 and ready.json()["warmed_buckets"] == [1, 2, 4, 8]
+
+
 def test_a_standalone_workers_config_needs_the_token(worker):
     good = {"max_batch": 8, "timeout_ms": 20}
     r = httpx.put(f"{worker}/v1/config", json=good)

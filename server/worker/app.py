@@ -5,7 +5,8 @@
                      float32 3x32x32 for demo-cnn, int32 token ids for demo-text)
                      -> {"output": ..., "timing": {ingress_ms, queue_wait_ms,
                                        batch_size, padded_size, execution_ms}}
-    GET  /healthz    GET /v1/stats    GET /metrics (Prometheus text)
+    GET  /healthz (alive)    GET /readyz (serving and warm)    GET /v1/stats
+    GET  /metrics (Prometheus text)
     PUT  /v1/config  {"max_batch": 32, "timeout_ms": 10, "warm_max_batch": 64}
 
 `PUT /v1/config` is for a standalone worker and needs the bearer token (as the control
@@ -166,6 +167,24 @@ def create_app(
         if not batcher.ready:
             return error_response(503, f"not serving: the dispatch loop died ({batcher.failure!r})")
         return {"status": "ok", "model": model.name}
+
+    @app.get("/readyz")
+    async def readyz() -> Any:
+        """Ready to take traffic: serving, and the starting config's sizes warm (a load
+        balancer that sent requests earlier would have them served at a partial cap)."""
+        if not batcher.ready:
+            return error_response(503, f"not serving: the dispatch loop died ({batcher.failure!r})")
+        if not batcher.warmed_up:
+            warm = ", ".join(map(str, batcher.warmed_buckets)) or "none"
+            return error_response(
+                503,
+                f"warming up: batch sizes warm so far: {warm} (serving cap {batcher.serving_cap})",
+            )
+        return {
+            "status": "ready",
+            "model": model.name,
+            "warmed_buckets": list(batcher.warmed_buckets),
+        }
 
     @app.get("/v1/stats")
     async def stats() -> dict[str, Any]:

@@ -158,6 +158,9 @@ class DynamicBatcher:
         self.on_batch = None  # called with (size, cap in force, execution seconds)
         self.on_dispatch = None  # called with seconds between when a batch was due and left
         self._free_since = 0.0  # when an instance last became free after all were busy
+        # The starting config's buckets are warm (until then the worker is not ready: it
+        # would serve at a partial cap); later warm-ups ahead of a spike do not count.
+        self.warmed_up = False
         self._window_latencies: list[float] = []  # since the last take_window()
         self._window_batches: dict[int, int] = {}
         self._window_execution: dict[int, list[float]] = {}  # padded size -> seconds
@@ -168,6 +171,7 @@ class DynamicBatcher:
     async def start(self) -> None:
         self._loop_task = spawn(self._dispatch_loop(), "dispatch", self.errors, self._dispatch_died)
         self.reconfigure(self.config)
+        self.warmed_up = not self.warming
 
     @property
     def warmed_buckets(self) -> tuple[int, ...]:
@@ -443,6 +447,8 @@ class DynamicBatcher:
         now = self.clock.now()
         change(now)
         self._warm_status: WarmupStatus = self._warmup.status(now)
+        if self._loop_task is not None and not self._warm_status.warming:
+            self.warmed_up = True
 
     def _accept_at_most(self, cap: int) -> None:
         self.accepted_cap = max(1, min(self.accepted_cap or cap, cap))
