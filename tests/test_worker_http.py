@@ -151,7 +151,9 @@ def test_nan_inputs_bad_deadline_headers_and_coerced_configs_are_422(worker):
 
 def test_a_warm_worker_is_ready(worker):
     ready = httpx.get(f"{worker}/readyz")
-    assert ready.status_code == 200 and ready.json()["warmed_buckets"] == [1, 2, 4, 8]
+    stats = httpx.get(f"{worker}/v1/stats").json()  # earlier tests may have moved its cap
+    assert ready.status_code == 200 and ready.json()["status"] == "ready"
+    assert ready.json()["warmed_buckets"] == stats["warmed_buckets"] != []
 
 
 def test_a_standalone_workers_config_needs_the_token(worker):
