@@ -401,8 +401,11 @@ def test_the_demo_finds_a_taken_port_before_it_profiles(capsys):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        worker_port = taken.getsockname()[1]
+        port = taken.getsockname()[1]
         argv = ["demo", "--trace", str(root / "examples" / "promo_day.csv")]
-        assert main([*argv, "--port", str(worker_port - 1)]) == 2
+        assert main([*argv, "--port", str(port)]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.endswith(f"cannot listen on 127.0.0.1:{worker_port} (Address already in use)")
+    assert err == (
+        "tidal: error: --port (the API, then its two workers): cannot listen on "
+        f"127.0.0.1:{port} (Address already in use)"
+    )
