@@ -107,6 +107,18 @@ def test_heartbeats_expire_and_the_lease_passes_on(url):
     assert lease == (True, False, True, True) and leader == "c2"
 
 
+def test_a_worker_that_leaves_is_gone_at_once(url):
+    async def scenario():
+        bus = RedisBus(connect(url), prefix="t3b")
+        await bus.heartbeat("pool", "w1", {"version": 3}, ttl_s=30)
+        await bus.heartbeat("pool", "w2", {"version": 3}, ttl_s=30)
+        await bus.leave("pool", "w1")
+        await bus.leave("pool", "never-joined")  # harmless
+        return sorted(await bus.workers_alive("pool"))
+
+    assert asyncio.run(scenario()) == ["w2"]
+
+
 def test_decision_log_is_capped_and_returns_the_newest(url):
     async def scenario():
         bus = RedisBus(connect(url), prefix="t4")

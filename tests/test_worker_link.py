@@ -251,3 +251,25 @@ def test_workers_keep_serving_when_redis_stops_and_resynchronise_when_it_returns
     # The restarted Redis is empty: what it holds is everything since it came back,
     # including the windows held while it was away (the 50 served during the outage).
     assert sum(s.arrivals for s in stored) >= 50
+
+
+def test_a_worker_that_begins_to_drain_leaves_the_pool_at_once_and_still_reports():
+    async def scenario():
+        bus = LocalPoolBus()
+        batcher, link = await virtual_worker(bus)
+        await at(2.5)
+        before = await bus.workers_alive("pool")
+        served = asyncio.create_task(batcher.submit(1))  # in the queue as the drain begins
+        await link.leave()
+        gone = await bus.workers_alive("pool")
+        await at(4.5)  # two report intervals: no heartbeat brings it back
+        still_gone = await bus.workers_alive("pool")
+        await batcher.drain()
+        await link.stop()
+        stored, _, _ = await bus.read_worker_stats("pool")
+        return before, gone, still_gone, await served, stored
+
+    before, gone, still_gone, served, stored = run_virtual(scenario())
+    assert list(before) == ["w0"] and gone == {} and still_gone == {}
+    assert served.output == 2  # what it held was answered
+    assert sum(s.completed for s in stored) == 1  # and reported after leaving

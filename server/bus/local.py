@@ -113,6 +113,9 @@ class LocalPoolBus:
     async def heartbeat(self, pool: str, worker: str, info: dict[str, Any], ttl_s: float) -> None:
         self._pool(pool).heartbeats[worker] = (self._clock.now() + ttl_s, info)
 
+    async def leave(self, pool: str, worker: str) -> None:
+        self._pool(pool).heartbeats.pop(worker, None)
+
     async def workers_alive(self, pool: str) -> dict[str, dict[str, Any]]:
         now = self._clock.now()
         beats = self._pool(pool).heartbeats

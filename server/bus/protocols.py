@@ -48,6 +48,10 @@ class WorkerBus(Protocol):
         """The worker is alive for `ttl_s` more seconds; `info` is what the API shows."""
         ...
 
+    async def leave(self, pool: str, worker: str) -> None:
+        """The worker is gone from the pool now (a drain began), not when its beat expires."""
+        ...
+
 
 class ControllerBus(Protocol):
     """A controller's side of the pool: stats and liveness in, configs out."""

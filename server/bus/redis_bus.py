@@ -193,6 +193,12 @@ class RedisBus:
             pipe.zadd(self.key(pool, "workers"), {worker: time.time() + ttl_s})
             await pipe.execute()
 
+    async def leave(self, pool: str, worker: str) -> None:
+        async with self.client.pipeline(transaction=False) as pipe:
+            pipe.delete(self.key(pool, "worker", worker))
+            pipe.zrem(self.key(pool, "workers"), worker)
+            await pipe.execute()
+
     async def workers_alive(self, pool: str) -> dict[str, dict[str, Any]]:
         """Workers whose heartbeat key lives (Redis' own TTL decides); the index drops
         members a minute past their expiry, which tolerates clock skew between hosts."""

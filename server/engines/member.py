@@ -62,6 +62,7 @@ class PoolMember:
         self.unsent: deque[WorkerStats] = deque(maxlen=max_unsent)
         self.connected = False
         self.configs_applied = 0
+        self._leaving = False  # a drain began: no more heartbeats
         self.rejected: dict[str, Any] | None = None  # the last config the engine refused
         self._tasks: list[asyncio.Task] = []
 
@@ -71,6 +72,14 @@ class PoolMember:
             spawn(self._config_loop(), "link-config", self.errors),
         ]
 
+    async def leave(self) -> None:
+        """Leave the pool now (a drain begins): no more heartbeats, and the controller
+        counts the member gone at its next read, not when the last beat expires. Stats
+        keep flowing until `stop`, so the drained requests are still reported."""
+        self._leaving = True
+        with contextlib.suppress(RedisError, OSError):  # unreachable: the beat expires
+            await self.bus.leave(self.pool, self.name)
+
     async def stop(self) -> None:
         """Stop both loops and send what is left, the last window included."""
         for task in self._tasks:
@@ -78,6 +87,8 @@ class PoolMember:
         self.unsent.append(await self.engine.collect())
         with contextlib.suppress(RedisError, OSError):
             await self._flush()
+            if self._leaving:
+                await self.bus.leave(self.pool, self.name)  # a beat that raced the leave
 
     async def _report_loop(self) -> None:
         due_at = self.clock.now()
@@ -87,7 +98,10 @@ class PoolMember:
             try:
                 self.unsent.append(await self.engine.collect())
                 await self._flush()
-                await self.bus.heartbeat(self.pool, self.name, self.info(), self.heartbeat_ttl_s)
+                if not self._leaving:
+                    await self.bus.heartbeat(
+                        self.pool, self.name, self.info(), self.heartbeat_ttl_s
+                    )
             except (RedisError, OSError) as error:
                 self._lost(error)
             except Exception as error:  # a bug, not an outage: loud, counted, carry on

@@ -91,6 +91,8 @@ def create_app(
         if link is not None:
             link.start()
         yield
+        if link is not None:
+            await link.leave()  # out of the pool at once; it drains what it holds
         await batcher.drain()
         if link is not None:
             await link.stop()
