@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from adaptive.config import BatchConfig
-from adaptive.histogram import BUCKET_REPRESENTATIVES_S, NUM_BUCKETS
+from adaptive.histogram import BUCKET_REPRESENTATIVES_S, NUM_BUCKETS, add_buckets
 from adaptive.learned_latency import ExecutionTimes
 from adaptive.policy import Observation
 
@@ -164,8 +164,7 @@ def _latency_quantiles(reports: Sequence[WorkerStats]) -> tuple[float | None, fl
         for report in reports:
             if report.latency_counts is not None:
                 counts += report.latency_counts
-            for bucket, count in report.latency_buckets:
-                counts[bucket] += count
+            add_buckets(counts, report.latency_buckets)
     cumulative = counts.cumsum()
     total = int(cumulative[-1])
     if not total:

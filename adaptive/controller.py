@@ -253,13 +253,14 @@ class Controller:
             self._compile_table is None
             or self._replan is not None
             or now - self._replanned_at < learning.min_interval_s
-            or not self._planners()
         ):
+            return
+        planners = self._planners()
+        if not planners:
             return
         drift = learner.drift(self.planned_latency)
         if drift.batch_size is None or abs(drift.relative) < learning.drift_threshold:
             return
-        planners = self._planners()
         self._replan = ReplanJob(learner.model(), drift, tuple(p.optimizer for p in planners))
         self._replanned_at = now
         if not self.settings.defer_fits:  # a synchronous shell rebuilds in the step

@@ -115,6 +115,13 @@ class LatencyHistogram:
         )
 
 
+def add_buckets(counts: np.ndarray, buckets) -> np.ndarray:
+    """Add sparse `(bucket, count)` pairs (as workers report them) into dense `counts`."""
+    for bucket, count in buckets:
+        counts[bucket] += count
+    return counts
+
+
 def quantile_from_counts(counts: np.ndarray, q: float, max_s: float | None = None) -> float | None:
     """Nearest-rank quantile of bucket counts; capped at the exact max when it is known."""
     if not 0.0 <= q <= 1.0:

@@ -16,9 +16,10 @@ from __future__ import annotations
 import itertools
 import json
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -153,6 +154,34 @@ def _interpolate(xs: tuple[int, ...], ys: tuple[float, ...], at: np.ndarray) -> 
         beyond = at > xs[-1]
         values[beyond] = ys[-1] + slope * (at[beyond] - xs[-1])
     return values
+
+
+def p99_s(model: LatencyModel, batch_sizes: np.ndarray) -> np.ndarray:
+    """The model's p99 service time: its mean times the 99th percentile of its mean-one
+    lognormal jitter (the inverse of how a table's p99 sets that jitter)."""
+    sigma = model.jitter_sigma(batch_sizes)
+    return model.mean_s(batch_sizes) * np.exp(_Z99 * sigma - 0.5 * sigma * sigma)
+
+
+def profile_document(model: LatencyModel, sizes: Iterable[int]) -> dict[str, Any]:
+    """`model` at `sizes` as the profile JSON that `load_latency_table` reads back (what
+    `simulate --latency-model` and the controller load)."""
+    at = np.array(sorted(set(sizes)), dtype=np.float64)
+    means, p99s = model.mean_s(at), p99_s(model, at)
+    document: dict[str, Any] = {
+        "source": model.describe(),
+        "points": [
+            {"batch_size": int(b), "mean_ms": round(m * 1e3, 4), "p99_ms": round(p * 1e3, 4)}
+            for b, m, p in zip(at, means, p99s, strict=True)
+        ],
+    }
+    if model.memory is not None:
+        document["memory"] = {
+            "device_bytes": model.memory.device_bytes,
+            "parameter_bytes": model.memory.parameter_bytes,
+            "activation_bytes_per_sample": model.memory.activation_bytes_per_sample,
+        }
+    return document
 
 
 def _lognormal_sigma_for_p99_ratio(ratio: float) -> float:

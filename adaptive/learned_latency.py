@@ -30,11 +30,15 @@ from typing import Any
 
 import numpy as np
 
-from adaptive.histogram import BUCKET_REPRESENTATIVES_S, NUM_BUCKETS, LatencyHistogram
-from adaptive.latency import LatencyModel, TableLatency
+from adaptive.histogram import (
+    BUCKET_REPRESENTATIVES_S,
+    NUM_BUCKETS,
+    LatencyHistogram,
+    add_buckets,
+)
+from adaptive.latency import LatencyModel, TableLatency, p99_s
 from tidal_base.errors import InvalidInput
 
-_Z99 = 2.3263478740408408
 PLANNED_SIZES = tuple(2**k for k in range(9))
 """Sizes a learned table always holds (the planner's power-of-two caps, 1 to 256)."""
 
@@ -132,8 +136,7 @@ class _SizeState:
         self.total_s = 0.0
 
     def add(self, times: ExecutionTimes) -> None:
-        for bucket, count in times.buckets:
-            self.counts[bucket] += count
+        add_buckets(self.counts, times.buckets)
         self.batches += times.batches
         self.total_s += times.total_s
 
@@ -272,27 +275,6 @@ class LatencyLearner:
         )
 
 
-def profile_document(model: LatencyModel, sizes: Iterable[int]) -> dict[str, Any]:
-    """`model` as the profile JSON `simulate --latency-model` loads
-    (`adaptive.latency.load_latency_table`)."""
-    at = np.array(sorted(set(sizes)), dtype=np.float64)
-    means, p99s = model.mean_s(at), _p99_array(model, at)
-    document: dict[str, Any] = {
-        "source": model.describe(),
-        "points": [
-            {"batch_size": int(b), "mean_ms": round(m * 1e3, 4), "p99_ms": round(p * 1e3, 4)}
-            for b, m, p in zip(at, means, p99s, strict=True)
-        ],
-    }
-    if model.memory is not None:
-        document["memory"] = {
-            "device_bytes": model.memory.device_bytes,
-            "parameter_bytes": model.memory.parameter_bytes,
-            "activation_bytes_per_sample": model.memory.activation_bytes_per_sample,
-        }
-    return document
-
-
 def _prior_sizes(prior: LatencyModel) -> tuple[int, ...]:
     return prior.batch_sizes if isinstance(prior, TableLatency) else ()
 
@@ -302,10 +284,4 @@ def _mean(model: LatencyModel, at: np.ndarray) -> float:
 
 
 def _p99(model: LatencyModel, at: np.ndarray) -> float:
-    return float(_p99_array(model, at)[0])
-
-
-def _p99_array(model: LatencyModel, at: np.ndarray) -> np.ndarray:
-    """The model's p99: its mean times the 99th percentile of its mean-one lognormal jitter."""
-    sigma = model.jitter_sigma(at)
-    return model.mean_s(at) * np.exp(_Z99 * sigma - 0.5 * sigma * sigma)
+    return float(p99_s(model, at)[0])

@@ -13,13 +13,8 @@ from hypothesis import strategies as st
 
 from adaptive.bus import PoolStats, WorkerStats, observe_pool
 from adaptive.controller import Controller, ControllerSettings
-from adaptive.latency import LinearLatency, parse_latency_model
-from adaptive.learned_latency import (
-    ExecutionTimes,
-    LatencyLearner,
-    LearningSettings,
-    profile_document,
-)
+from adaptive.latency import LinearLatency, parse_latency_model, profile_document
+from adaptive.learned_latency import ExecutionTimes, LatencyLearner, LearningSettings
 from adaptive.policy import Observation
 from adaptive.specs import PolicyContext, build_policy
 from server.bus.wire import MalformedStats, decode_stats, encode_stats

@@ -28,8 +28,9 @@ from redis.exceptions import RedisError
 
 from adaptive.config import BatchConfig
 from adaptive.decisions import Mode, config_dict
-from adaptive.histogram import NUM_BUCKETS, quantile_from_counts
-from adaptive.learned_latency import PLANNED_SIZES, profile_document
+from adaptive.histogram import NUM_BUCKETS, add_buckets, quantile_from_counts
+from adaptive.latency import profile_document
+from adaptive.learned_latency import PLANNED_SIZES
 from forecaster.events import event_to_dict, events_from_document
 from forecaster.series import epoch_seconds
 from server.control.metrics import ControllerMetrics
@@ -483,8 +484,5 @@ def _stats(stats) -> dict[str, Any] | None:
 def _sparse_quantile_ms(buckets: tuple[tuple[int, int], ...], q: float) -> float | None:
     if not buckets:
         return None
-    counts = np.zeros(NUM_BUCKETS, dtype=np.int64)
-    for bucket, count in buckets:
-        counts[bucket] += count
-    value = quantile_from_counts(counts, q)
+    value = quantile_from_counts(add_buckets(np.zeros(NUM_BUCKETS, dtype=np.int64), buckets), q)
     return None if value is None else round(value * 1e3, 3)
