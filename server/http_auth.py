@@ -34,15 +34,24 @@ class TokenCheck:
     async def __call__(
         self, credentials: HTTPAuthorizationCredentials | None = Security(BEARER)
     ) -> None:
+        error = self.refusal(None if credentials is None else f"Bearer {credentials.credentials}")
+        if error is not None:
+            raise error
+
+    def refusal(self, authorization: str | None) -> ApiError | None:
+        """Why a request with this `Authorization` header is refused, or None. Also asked
+        by `server.http_edge.EdgeGuard`, before a protected request's body is read."""
         if self.token is None:
-            raise ApiError(
+            return ApiError(
                 403,
                 "this endpoint needs an API token and none is configured "
                 f"(set {TOKEN_ENV} or --token-file)",
             )
-        if credentials is None:
-            raise ApiError(
+        scheme, _, credentials = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not credentials.strip():
+            return ApiError(
                 401, "missing bearer token", "authorization", **{"WWW-Authenticate": "Bearer"}
             )
-        if not hmac.compare_digest(credentials.credentials.encode(), self.token):
-            raise ApiError(403, "wrong bearer token", "authorization")
+        if not hmac.compare_digest(credentials.strip().encode(), self.token):
+            return ApiError(403, "wrong bearer token", "authorization")
+        return None

@@ -37,6 +37,7 @@ from server.control.metrics import ControllerMetrics
 from server.control.plane import InsufficientHistory, PoolControl
 from server.http_auth import TokenCheck
 from server.http_docs import DOCS_APP_ARGS, serve_docs_offline
+from server.http_edge import EdgeGuard, EdgeLimits
 from server.http_errors import ApiError, install_error_handlers
 from tidal_base.errors import InvalidInput
 from tidal_base.units import parse_duration_s
@@ -81,6 +82,7 @@ def create_app(
     token: str | None = None,
     protect_reads: bool = False,
     lifespan=None,
+    limits: EdgeLimits | None = None,
 ) -> FastAPI:
     app = FastAPI(
         title="Tidal control plane",
@@ -91,6 +93,8 @@ def create_app(
     serve_docs_offline(app)
     _serve_console(app)
     install_error_handlers(app)
+    # Before FastAPI reads a body: bounded, and a write's token checked first.
+    app.add_middleware(EdgeGuard, limits=limits or EdgeLimits(), routes=lambda: app.routes)
     write = [Depends(TokenCheck(token))]
     read = write if protect_reads else []
     metrics.watch(lambda: pools.values())

@@ -33,6 +33,7 @@ from server.bus.redis_bus import RedisBus, connect
 from server.control.app import create_app
 from server.control.metrics import ControllerMetrics
 from server.control.plane import PoolControl, PoolPlan
+from server.http_edge import EdgeLimits, uvicorn_config
 from server.metrics_registry import process_registry
 from server.ports import check_free
 from server.tasks import cancel_and_wait
@@ -130,6 +131,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     api.add_argument("--port", type=int, default=8000)
     api.add_argument("--token-file", type=Path, help=f"bearer token for writes (else ${TOKEN_ENV})")
     api.add_argument("--protect-reads", action="store_true", help="reads need the token too")
+    api.add_argument(
+        "--client-timeout",
+        type=duration_arg,
+        default=10.0,
+        help="close a connection whose request head, or answer 408 to one whose body, "
+        "takes longer to arrive (default 10s)",
+    )
     local = parser.add_argument_group("workers in this process (one machine)")
     local.add_argument("--local-workers", type=int, default=0, help="host N workers here")
     local.add_argument("--model", default="demo-cnn", help="their model (default demo-cnn)")
@@ -205,6 +213,8 @@ def run_controller(args: argparse.Namespace) -> int:
     token = api_token(args.token_file)
     if args.local_workers < 0:
         raise InvalidInput(f"--local-workers must be >= 0, got {args.local_workers}")
+    if not args.client_timeout > 0:
+        raise InvalidInput(f"--client-timeout must be > 0, got {args.client_timeout:g}s")
     ports = [args.port, *(args.worker_port + i for i in range(args.local_workers))]
     for port in ports:
         check_free(args.host, port)
@@ -227,10 +237,11 @@ def run_controller(args: argparse.Namespace) -> int:
         for control in pools.values():
             await control.stop()
 
-    app = create_app(pools, registry, metrics, token, args.protect_reads, lifespan)
-    servers = [_server(app, args.host, args.port)]
+    limits = EdgeLimits(read_timeout_s=args.client_timeout)
+    app = create_app(pools, registry, metrics, token, args.protect_reads, lifespan, limits)
+    servers = [_server(app, args.host, args.port, args.client_timeout)]
     servers += [
-        _server(_local_worker(args, bus, i), args.host, args.worker_port + i)
+        _server(_local_worker(args, bus, i), args.host, args.worker_port + i, args.client_timeout)
         for i in range(args.local_workers)
     ]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -265,11 +276,8 @@ class _SharedLoopServer(uvicorn.Server):
         yield
 
 
-def _server(app, host: str, port: int) -> uvicorn.Server:
-    config = uvicorn.Config(
-        app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=30
-    )
-    return _SharedLoopServer(config)
+def _server(app, host: str, port: int, client_timeout_s: float) -> uvicorn.Server:
+    return _SharedLoopServer(uvicorn_config(app, client_timeout_s, host=host, port=port))
 
 
 async def _serve_all(servers: list[uvicorn.Server]) -> None:

@@ -42,6 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from adaptive.config import BatchConfig
 from server.http_auth import TokenCheck
 from server.http_docs import DOCS_APP_ARGS, serve_docs_offline
+from server.http_edge import SMALL_BODY_BYTES, EdgeGuard, EdgeLimits
 from server.http_errors import error_response, first_invalid, install_error_handlers
 from server.metrics_registry import process_registry
 from server.worker.batching import (
@@ -51,6 +52,7 @@ from server.worker.batching import (
     ShuttingDown,
     WorkerFailed,
 )
+from server.worker.cli import MAX_BODY_BYTES
 from server.worker.link import WorkerLink
 from server.worker.metrics import WorkerMetrics
 from server.worker.models import ServedModel
@@ -78,6 +80,7 @@ def create_app(
     batcher: DynamicBatcher,
     link: WorkerLink | None = None,
     token: str | None = None,
+    limits: EdgeLimits | None = None,
 ) -> FastAPI:
     """The worker's app; the batcher (and its bus link, if any) start and stop with the
     app's lifespan. The link stops after the drain, so the last window is reported.
@@ -101,6 +104,9 @@ def create_app(
     serve_docs_offline(app)
 
     install_error_handlers(app)
+    # Only an input is large; every other body is a small JSON config.
+    limits = limits or EdgeLimits(SMALL_BODY_BYTES, {"/v1/infer": MAX_BODY_BYTES})
+    app.add_middleware(EdgeGuard, limits=limits, routes=lambda: app.routes)
 
     @app.post(
         "/v1/infer",

@@ -16,7 +16,13 @@ from pathlib import Path
 
 from adaptive.specs import PolicyContext, build_policy
 from server.api_token import TOKEN_ENV
+from simulations.cli import duration_arg
 from tidal_base.errors import InvalidInput
+
+MAX_BODY_BYTES = 1 << 20
+"""1 MiB: a demo-cnn input is 12 KB binary, about 60 KB as JSON."""
+CLIENT_TIMEOUT_S = 10.0
+"""A slow client (one byte every few seconds) would otherwise hold a connection forever."""
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -35,6 +41,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     worker.add_argument("--max-queue", type=int, help="queue bound; past it requests get 429")
     worker.add_argument(
         "--instances", type=int, default=1, help="model instances (batches in flight)"
+    )
+    worker.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=MAX_BODY_BYTES,
+        help=f"refuse a larger request body with 413, unread (default {MAX_BODY_BYTES})",
+    )
+    worker.add_argument(
+        "--client-timeout",
+        type=duration_arg,
+        default=CLIENT_TIMEOUT_S,
+        help="close a connection whose request head, or answer 408 to one whose body, "
+        f"takes longer to arrive (default {CLIENT_TIMEOUT_S:g}s)",
     )
     worker.add_argument("--pool", default="default", help="the pool this worker serves")
     worker.add_argument(
@@ -81,4 +100,8 @@ def run_worker(args: argparse.Namespace) -> int:
         raise InvalidInput(f"--instances must be >= 1, got {args.instances}")
     if args.max_queue is not None and args.max_queue < 1:
         raise InvalidInput(f"--max-queue must be >= 1, got {args.max_queue}")
+    if args.max_body_bytes < 1024:
+        raise InvalidInput(f"--max-body-bytes must be >= 1024, got {args.max_body_bytes}")
+    if not args.client_timeout > 0:
+        raise InvalidInput(f"--client-timeout must be > 0, got {args.client_timeout:g}s")
     return serve(args, config)

@@ -18,6 +18,7 @@ from adaptive.config import BatchConfig
 from server import ports
 from server.api_token import TOKEN_ENV, api_token
 from server.bus.redis_bus import RedisBus, connect
+from server.http_edge import SMALL_BODY_BYTES, EdgeLimits, uvicorn_config
 from server.worker.app import create_app
 from server.worker.batching import DynamicBatcher
 from server.worker.link import WorkerLink
@@ -50,11 +51,17 @@ def serve(args: argparse.Namespace, config: BatchConfig) -> int:
         link = WorkerLink(batcher, bus, args.pool, args.name or f"{args.host}:{args.port}")
     elif token is None:
         log.warning("no API token (%s or --token-file): PUT /v1/config is refused", TOKEN_ENV)
-    app = create_app(model, batcher, link, token)
-    server_config = uvicorn.Config(
-        app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=30
+    app = create_app(
+        model,
+        batcher,
+        link,
+        token,
+        limits=EdgeLimits(
+            SMALL_BODY_BYTES, {"/v1/infer": args.max_body_bytes}, args.client_timeout
+        ),
     )
-    _DrainingServer(server_config).run(sockets=[listening])
+    config = uvicorn_config(app, args.client_timeout, host=args.host, port=args.port)
+    _DrainingServer(config).run(sockets=[listening])
     return 0
 
 
