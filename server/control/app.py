@@ -20,7 +20,14 @@ from typing import Any, Literal
 
 import numpy as np
 from fastapi import Depends, FastAPI, Query
-from fastapi.responses import FileResponse, JSONResponse, RedirectResponse, Response
+from fastapi.responses import (
+    FileResponse,
+    HTMLResponse,
+    JSONResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+)
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
@@ -38,7 +45,7 @@ from server.control.plane import InsufficientHistory, PoolControl
 from server.http_auth import TokenCheck
 from server.http_docs import DOCS_APP_ARGS, serve_docs_offline
 from server.http_edge import EdgeGuard, EdgeLimits
-from server.http_errors import ApiError, install_error_handlers
+from server.http_errors import ApiError, body_refusals, error_responses, install_error_handlers
 from tidal_base.errors import InvalidInput
 from tidal_base.units import parse_duration_s
 
@@ -75,6 +82,82 @@ class SimulateRequest(BaseModel):
     seed: int = Field(default=0, ge=0, le=2**32 - 1, description="the replay's random seed")
 
 
+class Health(BaseModel):
+    status: Literal["ok"]
+
+
+class PoolHealth(BaseModel):
+    ready: bool
+    status: str = Field(description="ticking, starting, failed to start: ..., tick failing: ...")
+    errors: dict[str, int] = Field(description="failed ticks by stage")
+    settings_error: str | None = Field(description="why stored settings were ignored")
+    last_error: str | None = Field(default=None, description="absent until the loop runs")
+    malformed_stats: int | None = Field(default=None, description="absent until the loop runs")
+
+
+class Readiness(BaseModel):
+    status: Literal["ready", "not ready"]
+    error: str | None = Field(description="which pools are not ready, and why")
+    pools: dict[str, PoolHealth]
+
+
+class ThisController(BaseModel):
+    name: str
+    leading: bool
+
+
+class PoolSummary(BaseModel):
+    """A pool's state (documentation only: the handlers build the dict; the fields not
+    named here are objects the decision log and docs/control-plane.md describe)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    pool: str
+    config: dict[str, float] = Field(description="max_batch, timeout_ms, warm_max_batch")
+    version: int
+    policy: str
+    shadow: str | None
+    slo_ms: float
+    mode: str = Field(description="the policy's mode, or override while one is pinned")
+    mode_reason: str | None
+    override: dict[str, Any] | None
+    events: list[str]
+    leader: str | None = Field(description="the controller holding the pool's lease")
+    this_controller: ThisController
+    ready: bool
+    workers_alive: int
+    desired_replicas: int | None
+    slo_feasible: bool
+    slo_infeasible_for_s: float | None
+    ticks: int
+    last_tick_ms: float
+    last_error: str | None
+    health: PoolHealth
+    config_changes: int
+    fallback_s: float
+    last_decision: dict[str, Any] | None
+
+
+class PoolList(BaseModel):
+    pools: list[PoolSummary] = Field(description="the pools whose control loop runs")
+
+
+UNKNOWN_POOL = "no pool of that name (`field`: pool)"
+POOL_DOWN = "the pool is starting or failed to start (`field`: pool)"
+BUS_DOWN = POOL_DOWN + ", or the bus is unreachable"
+NOT_LEADER = "this controller does not lead the pool: write to the leader"
+POOL_READ = {404: UNKNOWN_POOL, 503: POOL_DOWN}
+POOL_WRITE = {404: UNKNOWN_POOL, 409: NOT_LEADER, 503: BUS_DOWN}
+WRITE = (401, 403)
+
+
+def _responses(ok: type[BaseModel] | None, *statuses: int, when: dict[int, str]) -> dict:
+    """A route's `responses=`: its 200's schema (documentation only, `response_model=None`
+    keeps the handler's dict as it is) and the errors it answers."""
+    answers: dict[int | str, Any] = {200: {"model": ok}} if ok is not None else {}
+    return answers | error_responses(*statuses, when=when)
+
+
 def create_app(
     pools: dict[str, PoolControl],
     registry: CollectorRegistry,
@@ -94,9 +177,14 @@ def create_app(
     _serve_console(app)
     install_error_handlers(app)
     # Before FastAPI reads a body: bounded, and a write's token checked first.
-    app.add_middleware(EdgeGuard, limits=limits or EdgeLimits(), routes=lambda: app.routes)
+    limits = limits or EdgeLimits()
+    app.add_middleware(EdgeGuard, limits=limits, routes=lambda: app.routes)
     write = [Depends(TokenCheck(token))]
     read = write if protect_reads else []
+    # What a read answers besides its own: the token only with --protect-reads.
+    refused = (401, 403) if protect_reads else ()
+    # Every body here is a small JSON document, under the one bound.
+    body_write = POOL_WRITE | body_refusals(limits.body_bytes, limits.read_timeout_s)
     metrics.watch(lambda: pools.values())
 
     def pool_of(pool: str, write: bool = False) -> PoolControl:
@@ -111,11 +199,18 @@ def create_app(
             raise ApiError(409, f"this controller does not lead pool {pool!r}: write to the leader")
         return control
 
-    @app.get("/healthz", tags=["health"])
+    @app.get("/healthz", tags=["health"], response_model=None, responses={200: {"model": Health}})
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/readyz", tags=["health"])
+    @app.get(
+        "/readyz",
+        tags=["health"],
+        responses={
+            200: {"model": Readiness, "description": "every pool ticks"},
+            503: {"model": Readiness, "description": "a pool is starting, or fails to tick"},
+        },
+    )
     async def readyz() -> Response:
         health = {name: _health(control) for name, control in pools.items()}
         waiting = [f"{name} ({h['status']})" for name, h in health.items() if not h["ready"]]
@@ -126,15 +221,40 @@ def create_app(
         }
         return JSONResponse(body, status_code=503 if waiting else 200)
 
-    @app.get("/v1/pools", tags=["pools"], dependencies=read)
+    @app.get(
+        "/v1/pools",
+        tags=["pools"],
+        dependencies=read,
+        response_model=None,
+        responses=_responses(PoolList, *refused, when={}),
+    )
     async def list_pools() -> dict[str, Any]:
         return {"pools": [await _summary(c) for c in pools.values() if c.loop is not None]}
 
-    @app.get("/v1/pools/{pool}", tags=["pools"], dependencies=read)
+    @app.get(
+        "/v1/pools/{pool}",
+        tags=["pools"],
+        dependencies=read,
+        response_model=None,
+        responses=_responses(PoolSummary, *refused, when=POOL_READ),
+    )
     async def get_pool(pool: str) -> dict[str, Any]:
         return await _summary(pool_of(pool))
 
-    @app.get("/v1/pools/{pool}/decisions", tags=["pools"], dependencies=read)
+    @app.get(
+        "/v1/pools/{pool}/decisions",
+        tags=["pools"],
+        dependencies=read,
+        responses=_responses(
+            None,
+            *refused,
+            when=POOL_READ
+            | {
+                422: "since is not Unix seconds or ISO-8601, or limit is not in 1..10000",
+                503: BUS_DOWN,
+            },
+        ),
+    )
     async def decisions(
         pool: str,
         since: str | None = Query(None, description="Unix seconds or ISO-8601"),
@@ -147,11 +267,25 @@ def create_app(
             records = [r for r in records if r.get("time", 0) >= since_s][:limit]
         return {"pool": pool, "decisions": records}
 
-    @app.get("/v1/pools/{pool}/forecast", tags=["pools"], dependencies=read)
+    @app.get(
+        "/v1/pools/{pool}/forecast",
+        tags=["pools"],
+        dependencies=read,
+        responses=_responses(None, *refused, when=POOL_READ),
+    )
     async def forecast(pool: str) -> dict[str, Any]:
         return _forecast(pool_of(pool))
 
-    @app.get("/v1/pools/{pool}/timeline", tags=["pools"], dependencies=read)
+    @app.get(
+        "/v1/pools/{pool}/timeline",
+        tags=["pools"],
+        dependencies=read,
+        responses=_responses(
+            None,
+            *refused,
+            when=POOL_READ | {422: "seconds is not in (0, 21600] or points not in 10..5000"},
+        ),
+    )
     async def timeline(
         pool: str,
         seconds: float = Query(3600, gt=0, le=6 * 3600, description="how far back"),
@@ -162,7 +296,14 @@ def create_app(
         control = pool_of(pool)
         return {"pool": pool, **control.loop.timeline.window(time.time(), seconds, points)}
 
-    @app.get("/v1/pools/{pool}/latency-model", tags=["pools"], dependencies=read)
+    @app.get(
+        "/v1/pools/{pool}/latency-model",
+        tags=["pools"],
+        dependencies=read,
+        responses=_responses(
+            None, *refused, when=POOL_READ | {422: "format is not summary or profile"}
+        ),
+    )
     async def latency_model(
         pool: str,
         format: Literal["summary", "profile"] = Query(
@@ -173,7 +314,12 @@ def create_app(
     ) -> dict[str, Any]:
         return _latency_model(pool_of(pool), format)
 
-    @app.get("/v1/pools/{pool}/workers", tags=["pools"], dependencies=read)
+    @app.get(
+        "/v1/pools/{pool}/workers",
+        tags=["pools"],
+        dependencies=read,
+        responses=_responses(None, *refused, when=POOL_READ | {503: BUS_DOWN}),
+    )
     async def workers(pool: str) -> dict[str, Any]:
         control = pool_of(pool)
         alive = await _bus_call(control.bus.workers_alive(pool))
@@ -192,13 +338,37 @@ def create_app(
             ],
         }
 
-    @app.put("/v1/pools/{pool}/policy", tags=["steer"], dependencies=write)
+    @app.put(
+        "/v1/pools/{pool}/policy",
+        tags=["steer"],
+        dependencies=write,
+        response_model=None,
+        responses=_responses(
+            PoolSummary,
+            *WRITE,
+            when=body_write
+            | {422: "a malformed body, or a policy spec that does not build (`field`: policy)"},
+        ),
+    )
     async def put_policy(pool: str, body: PolicyRequest) -> dict[str, Any]:
         control = pool_of(pool, write=True)
         await _bus_call(control.set_policy(body.policy))
         return await _summary(control)
 
-    @app.put("/v1/pools/{pool}/override", tags=["steer"], dependencies=write)
+    @app.put(
+        "/v1/pools/{pool}/override",
+        tags=["steer"],
+        dependencies=write,
+        responses=_responses(
+            None,
+            *WRITE,
+            when=body_write
+            | {
+                422: "a malformed body, a config out of bounds, a duration that is not > 0, "
+                "or replicas for a pool that does not scale (`field` names it)"
+            },
+        ),
+    )
     async def put_override(pool: str, body: OverrideRequest) -> dict[str, Any]:
         control = pool_of(pool, write=True)
         try:
@@ -209,16 +379,36 @@ def create_app(
         pinned = await _bus_call(control.pin(config, for_s, body.reason, body.replicas), "replicas")
         return {"pool": pool, "override": pinned.to_dict()}
 
-    @app.delete("/v1/pools/{pool}/override", tags=["steer"], dependencies=write)
+    @app.delete(
+        "/v1/pools/{pool}/override",
+        tags=["steer"],
+        dependencies=write,
+        responses=_responses(None, *WRITE, when=POOL_WRITE),
+    )
     async def delete_override(pool: str) -> dict[str, Any]:
         lifted = await _bus_call(pool_of(pool, write=True).unpin())
         return {"pool": pool, "lifted": lifted}
 
-    @app.get("/v1/pools/{pool}/events", tags=["steer"], dependencies=read)
+    @app.get(
+        "/v1/pools/{pool}/events",
+        tags=["steer"],
+        dependencies=read,
+        responses=_responses(None, *refused, when=POOL_READ),
+    )
     async def get_events(pool: str) -> dict[str, Any]:
         return {"pool": pool, "events": [event_to_dict(e) for e in pool_of(pool).events]}
 
-    @app.post("/v1/pools/{pool}/events", tags=["steer"], dependencies=write)
+    @app.post(
+        "/v1/pools/{pool}/events",
+        tags=["steer"],
+        dependencies=write,
+        responses=_responses(
+            None,
+            *WRITE,
+            when=body_write
+            | {422: "a malformed body, or an event that is not valid (`field`: events)"},
+        ),
+    )
     async def post_events(pool: str, body: EventsRequest) -> dict[str, Any]:
         control = pool_of(pool, write=True)
         try:
@@ -229,7 +419,16 @@ def create_app(
         await _bus_call(control.set_events(kept + added))
         return {"pool": pool, "events": [event_to_dict(e) for e in control.events]}
 
-    @app.delete("/v1/pools/{pool}/events", tags=["steer"], dependencies=write)
+    @app.delete(
+        "/v1/pools/{pool}/events",
+        tags=["steer"],
+        dependencies=write,
+        responses=_responses(
+            None,
+            *WRITE,
+            when=POOL_WRITE | {404: UNKNOWN_POOL + ", or no event of that name (`field`: name)"},
+        ),
+    )
     async def delete_events(
         pool: str, name: str | None = Query(None, description="only this event (default all)")
     ) -> dict[str, Any]:
@@ -240,7 +439,22 @@ def create_app(
         await _bus_call(control.set_events(kept))
         return {"pool": pool, "events": [event_to_dict(e) for e in kept]}
 
-    @app.post("/v1/pools/{pool}/simulate", tags=["steer"], dependencies=write)
+    @app.post(
+        "/v1/pools/{pool}/simulate",
+        tags=["steer"],
+        dependencies=write,
+        responses=_responses(
+            None,
+            *WRITE,
+            when=body_write
+            | {
+                409: NOT_LEADER + "; or the pool has recorded too little traffic for the gate "
+                "(`field`: hours)",
+                422: "a malformed body, or a candidate spec that does not build "
+                "(`field`: candidate)",
+            },
+        ),
+    )
     async def rollout_gate(pool: str, body: SimulateRequest) -> dict[str, Any]:
         control = pool_of(pool, write=True)
         try:
@@ -255,7 +469,16 @@ def create_app(
             result["promoted"] = True
         return {"pool": pool, "current_policy": control.policy_spec, **result}
 
-    @app.get("/metrics", tags=["health"], dependencies=read)
+    @app.get(
+        "/metrics",
+        tags=["health"],
+        dependencies=read,
+        response_class=PlainTextResponse,
+        responses={
+            200: {"description": "Prometheus text exposition (version 0.0.4)"},
+            **error_responses(*refused),
+        },
+    )
     async def prometheus() -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
@@ -366,7 +589,7 @@ def _serve_console(app: FastAPI) -> None:
     """`/ui`: the console, every asset from this server (it works offline)."""
     app.mount("/ui/assets", StaticFiles(directory=CONSOLE), name="console")
 
-    @app.get("/ui", include_in_schema=False)
+    @app.get("/ui", tags=["console"], response_class=HTMLResponse)
     async def console() -> FileResponse:
         return FileResponse(CONSOLE / "index.html", headers={"cache-control": "no-cache"})
 

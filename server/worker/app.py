@@ -32,10 +32,10 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import Depends, FastAPI, Header, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -43,7 +43,13 @@ from adaptive.config import BatchConfig
 from server.http_auth import TokenCheck
 from server.http_docs import DOCS_APP_ARGS, serve_docs_offline
 from server.http_edge import SMALL_BODY_BYTES, EdgeGuard, EdgeLimits
-from server.http_errors import error_response, first_invalid, install_error_handlers
+from server.http_errors import (
+    body_refusals,
+    error_response,
+    error_responses,
+    first_invalid,
+    install_error_handlers,
+)
 from server.metrics_registry import process_registry
 from server.worker.batching import (
     DeadlineExceeded,
@@ -73,6 +79,68 @@ class ConfigRequest(BaseModel):
     max_batch: int = Field(ge=1, le=65536)
     timeout_ms: float = Field(ge=0, le=60_000, allow_inf_nan=False)
     warm_max_batch: int = Field(default=0, ge=0, le=65536)
+
+
+class Timing(BaseModel):
+    ingress_ms: float = Field(description="socket to batcher: the HTTP layer's own queue")
+    queue_wait_ms: float
+    batch_size: int = Field(description="requests in the batch that served this one")
+    padded_size: int = Field(description="the bucket the batch was padded to")
+    execution_ms: float
+
+
+class InferResponse(BaseModel):
+    output: Any = Field(description="the model's output for this input")
+    timing: Timing
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+    model: str
+
+
+class Ready(BaseModel):
+    status: Literal["ready"]
+    model: str
+    warmed_buckets: list[int]
+
+
+class ConfigInForce(BaseModel):
+    max_batch: int
+    timeout_ms: float
+    warm_max_batch: int
+    version: int = Field(description="bumped by each change (the controller's, in a pool)")
+
+
+class WorkerStats(BaseModel):
+    """What `GET /v1/stats` and `PUT /v1/config` answer (documentation only: the
+    handlers build the dict, so a field added there is not dropped)."""
+
+    config: ConfigInForce
+    serving_max_batch: int = Field(description="the largest batch served now (warm sizes)")
+    accepted_max_batch: int | None = Field(
+        description="the largest batch known to fit in memory (null: no OOM yet)"
+    )
+    warmed_buckets: list[int]
+    warming: bool
+    warmup_s: dict[str, float] = Field(description="seconds each bucket took to warm")
+    queue_depth: int
+    arrivals: int
+    completed: int
+    shed: int
+    expired: int
+    failed: int
+    batches: int
+    mean_batch_size: float | None
+    busy_s: float
+    oom_splits: int
+    warmup_ooms: int
+    ready: bool
+    background_errors: dict[str, int]
+    padding_waste: float | None
+
+
+NOT_SERVING = "the dispatch loop died: this worker serves nothing until restarted"
 
 
 def create_app(
@@ -110,6 +178,21 @@ def create_app(
 
     @app.post(
         "/v1/infer",
+        responses={
+            200: {"model": InferResponse, "description": "the model's output and timings"},
+            **error_responses(
+                when=body_refusals(limits.bound("/v1/infer"), limits.read_timeout_s)
+                | {
+                    400: "Content-Length is not a byte count",
+                    415: "a binary body (application/octet-stream) to a model that takes JSON only",
+                    422: "a malformed body, an input the model cannot take (`field`: input), "
+                    "or an X-Deadline-Ms or X-Sent-At that is not a finite number (> 0)",
+                    429: "the queue is full (--max-queue): retry after Retry-After seconds",
+                    503: "draining (shutting down), or the dispatch loop died",
+                    504: "the deadline (deadline_ms, else X-Deadline-Ms) passed in the queue",
+                },
+            ),
+        },
         openapi_extra={
             "requestBody": {
                 "content": {
@@ -170,13 +253,27 @@ def create_app(
             },
         }
 
-    @app.get("/healthz")
+    @app.get(
+        "/healthz",
+        responses={
+            200: {"model": Health, "description": "alive"},
+            **error_responses(when={503: NOT_SERVING}),
+        },
+    )
     async def healthz() -> Any:
         if not batcher.ready:
             return error_response(503, f"not serving: the dispatch loop died ({batcher.failure!r})")
         return {"status": "ok", "model": model.name}
 
-    @app.get("/readyz")
+    @app.get(
+        "/readyz",
+        responses={
+            200: {"model": Ready, "description": "serving, the starting sizes warm"},
+            **error_responses(
+                when={503: "warming the starting config's batch sizes, or " + NOT_SERVING}
+            ),
+        },
+    )
     async def readyz() -> Any:
         """Ready to take traffic: serving, and the starting config's sizes warm (a load
         balancer that sent requests earlier would have them served at a partial cap)."""
@@ -194,24 +291,36 @@ def create_app(
             "warmed_buckets": list(batcher.warmed_buckets),
         }
 
-    @app.get("/v1/stats")
+    @app.get("/v1/stats", response_model=None, responses={200: {"model": WorkerStats}})
     async def stats() -> dict[str, Any]:
         return _stats(batcher)
 
+    refusals = body_refusals(limits.bound("/v1/config"), limits.read_timeout_s)
     if link is not None:
-        _pooled_config_endpoint(app, link.pool)
+        _pooled_config_endpoint(app, link.pool, refusals)
     else:
-        _standalone_config_endpoint(app, batcher, token)
+        _standalone_config_endpoint(app, batcher, token, refusals)
 
-    @app.get("/metrics")
+    @app.get(
+        "/metrics",
+        response_class=PlainTextResponse,
+        responses={200: {"description": "Prometheus text exposition (version 0.0.4)"}},
+    )
     async def prometheus() -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     return app
 
 
-def _pooled_config_endpoint(app: FastAPI, pool: str) -> None:
-    @app.put("/v1/config", status_code=409)
+def _pooled_config_endpoint(app: FastAPI, pool: str, refusals: dict[int, str]) -> None:
+    @app.put(
+        "/v1/config",
+        status_code=409,
+        responses=error_responses(
+            when=refusals
+            | {409: f"always: the controller of pool {pool!r} owns this worker's config"},
+        ),
+    )
     async def put_config() -> JSONResponse:
         return error_response(
             409,
@@ -220,8 +329,23 @@ def _pooled_config_endpoint(app: FastAPI, pool: str) -> None:
         )
 
 
-def _standalone_config_endpoint(app: FastAPI, batcher: DynamicBatcher, token: str | None) -> None:
-    @app.put("/v1/config", dependencies=[Depends(TokenCheck(token))])
+def _standalone_config_endpoint(
+    app: FastAPI, batcher: DynamicBatcher, token: str | None, refusals: dict[int, str]
+) -> None:
+    @app.put(
+        "/v1/config",
+        dependencies=[Depends(TokenCheck(token))],
+        response_model=None,
+        responses={
+            200: {"model": WorkerStats, "description": "the new config in force, and stats"},
+            **error_responses(
+                401,
+                403,
+                when=refusals
+                | {422: "a malformed body or a config out of bounds (`field` names it)"},
+            ),
+        },
+    )
     async def put_config(body: ConfigRequest) -> Any:
         try:
             config = BatchConfig(body.max_batch, body.timeout_ms / 1e3, body.warm_max_batch)
