@@ -38,6 +38,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+EXTRA_WORKER_ARGS = os.environ.get("TIDAL_TEST_WORKER_ARGS", "").split()
+"""Every real worker these tests start also takes these flags: with `--frontends 2`, the
+same tests prove the front-end processes answer exactly as one process does."""
+
+
 def start_worker(*args: str) -> tuple[subprocess.Popen, str]:
     port = free_port()
     env = {**os.environ, "TIDAL_API_TOKEN": TOKEN}
@@ -52,6 +57,7 @@ def start_worker(*args: str) -> tuple[subprocess.Popen, str]:
             "--port",
             str(port),
             *args,
+            *EXTRA_WORKER_ARGS,
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -30,14 +30,13 @@ dispatch loop died (`/healthz` is 503 then too), 401/403 for a missing or wrong 
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 from typing import Any, Literal
 
 from fastapi import Depends, FastAPI, Header, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from adaptive.config import BatchConfig
 from server.http_auth import TokenCheck
@@ -47,29 +46,19 @@ from server.http_errors import (
     body_refusals,
     error_response,
     error_responses,
-    first_invalid,
     install_error_handlers,
 )
 from server.metrics_registry import process_registry
 from server.worker.batching import (
-    DeadlineExceeded,
     DynamicBatcher,
-    QueueFull,
-    ShuttingDown,
-    WorkerFailed,
 )
 from server.worker.cli import MAX_BODY_BYTES
+from server.worker.frontends import FrontendPool
+from server.worker.inference import Answer, InferRequest, answer, parse_request
 from server.worker.link import WorkerLink
 from server.worker.metrics import WorkerMetrics
 from server.worker.models import ServedModel
 from tidal_base.errors import InvalidInput
-
-
-class InferRequest(BaseModel):
-    input: Any = Field(description="one model input: a 3x32x32 array, a list of token ids, ...")
-    deadline_ms: float | None = Field(
-        default=None, gt=0, allow_inf_nan=False, description="give up after this long"
-    )
 
 
 class ConfigRequest(BaseModel):
@@ -149,21 +138,34 @@ def create_app(
     link: WorkerLink | None = None,
     token: str | None = None,
     limits: EdgeLimits | None = None,
+    frontends: FrontendPool | None = None,
 ) -> FastAPI:
     """The worker's app; the batcher (and its bus link, if any) start and stop with the
     app's lifespan. The link stops after the drain, so the last window is reported.
-    `token` guards a standalone worker's `PUT /v1/config` (None: refused)."""
+    `token` guards a standalone worker's `PUT /v1/config` (None: refused). With
+    `frontends`, those processes take the HTTP traffic and hand inference requests to
+    this process, whose own app they forward every other path to."""
     registry = process_registry("worker")
     metrics = WorkerMetrics(registry, batcher, model.name)
+    codec = model.codec
+    if frontends is not None:
+        registry.register(frontends)
+
+    async def serve_handed_off(parsed, ingress_s: float) -> Answer:
+        return await answer(batcher, metrics, parsed, ingress_s)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         await batcher.start()
         if link is not None:
             link.start()
+        if frontends is not None:
+            await frontends.start(serve_handed_off, batcher.errors)
         yield
         if link is not None:
             await link.leave()  # out of the pool at once; it drains what it holds
+        if frontends is not None:
+            await frontends.stop()  # they finish what they hold: answered from here
         await batcher.drain()
         if link is not None:
             await link.stop()
@@ -204,54 +206,31 @@ def create_app(
     )
     async def infer(
         request: Request,
+        # Declared for the API's documentation and checked as numbers here; the values
+        # are read again, with the body, by `parse_request` (as a front end reads them).
         x_deadline_ms: float | None = Header(default=None),
         x_sent_at: float | None = Header(
             default=None, description="Unix seconds the client sent at (for ingress_ms)"
         ),
     ) -> Any:
         handled_at, handled_wall = batcher.clock.now(), time.time()
-        if x_sent_at is not None and not math.isfinite(x_sent_at):
-            return error_response(422, f"X-Sent-At must be finite, got {x_sent_at}", "x-sent-at")
-        if x_deadline_ms is not None and not (math.isfinite(x_deadline_ms) and x_deadline_ms > 0):
-            # As the body's deadline_ms: NaN would never expire, 0 or less always would.
-            message = f"X-Deadline-Ms must be a finite number > 0, got {x_deadline_ms}"
-            return error_response(422, message, "x-deadline-ms")
-        parsed = await _parse_infer(request, model)
-        if isinstance(parsed, JSONResponse):
-            return parsed
-        item, body_deadline_ms = parsed
-        deadline_ms = body_deadline_ms if body_deadline_ms is not None else x_deadline_ms
+        parsed = parse_request(
+            codec,
+            request.headers.get("content-type", ""),
+            await request.body(),
+            request.headers.get("x-deadline-ms"),
+            request.headers.get("x-sent-at"),
+            handled_wall,
+        )
+        if isinstance(parsed, Answer):
+            return error_response(parsed.status, parsed.body["error"], parsed.body["field"])
         # Before the handler ran: the socket's and the event loop's queue (clamped: a
         # client clock ahead of ours is not negative time).
-        before_s = 0.0 if x_sent_at is None else max(0.0, handled_wall - x_sent_at)
-        ingress_s = before_s + batcher.clock.now() - handled_at
-        batcher.record_ingress(ingress_s)
-        metrics.ingress.observe(ingress_s)
-        try:
-            served = await batcher.submit(item, None if deadline_ms is None else deadline_ms / 1e3)
-        except QueueFull as error:
-            metrics.outcome("shed")
-            return error_response(429, str(error), None, **{"Retry-After": "1"})
-        except DeadlineExceeded as error:
-            metrics.outcome("deadline")
-            return error_response(504, f"{error} (deadline {deadline_ms:g} ms)", "deadline_ms")
-        except ShuttingDown as error:
-            metrics.outcome("draining")
-            return error_response(503, str(error))
-        except WorkerFailed as error:
-            metrics.outcome("failed")
-            return error_response(503, str(error))
-        metrics.served(served)
-        return {
-            "output": served.output,
-            "timing": {
-                "ingress_ms": round(ingress_s * 1e3, 3),
-                "queue_wait_ms": round(served.queue_wait_s * 1e3, 3),
-                "batch_size": served.batch_size,
-                "padded_size": served.padded_size,
-                "execution_ms": round(served.execution_s * 1e3, 3),
-            },
-        }
+        before_s = max(0.0, handled_wall - parsed.origin_wall_s) if parsed.stamped else 0.0
+        answered = await answer(
+            batcher, metrics, parsed, before_s + batcher.clock.now() - handled_at
+        )
+        return JSONResponse(answered.body, answered.status, dict(answered.headers))
 
     @app.get(
         "/healthz",
@@ -285,6 +264,11 @@ def create_app(
                 503,
                 f"warming up: batch sizes warm so far: {warm} (serving cap {batcher.serving_cap})",
             )
+        if frontends is not None and not frontends.ready:
+            connected = sum(f["connected"] for f in frontends.summary())
+            return error_response(
+                503, f"front ends starting: {connected} of {frontends.count} connected"
+            )
         return {
             "status": "ready",
             "model": model.name,
@@ -293,7 +277,9 @@ def create_app(
 
     @app.get("/v1/stats", response_model=None, responses={200: {"model": WorkerStats}})
     async def stats() -> dict[str, Any]:
-        return _stats(batcher)
+        if frontends is None:
+            return _stats(batcher)
+        return {**_stats(batcher), "frontends": frontends.summary()}
 
     refusals = body_refusals(limits.bound("/v1/config"), limits.read_timeout_s)
     if link is not None:
@@ -353,26 +339,6 @@ def _standalone_config_endpoint(
             return error_response(422, str(error), "config")
         batcher.reconfigure(config, batcher.version + 1)
         return _stats(batcher)
-
-
-async def _parse_infer(request: Request, model: ServedModel):
-    """(validated input, deadline ms) from a JSON or a binary body, or a 4xx response."""
-    body = await request.body()
-    if request.headers.get("content-type", "").startswith("application/octet-stream"):
-        if model.from_bytes is None:
-            return error_response(415, f"{model.name} takes JSON bodies only", "content-type")
-        try:
-            return model.from_bytes(body), None
-        except InvalidInput as error:
-            return error_response(422, f"input: {error}", "input")
-    try:
-        parsed = InferRequest.model_validate_json(body)
-    except ValidationError as error:
-        return first_invalid(error)
-    try:
-        return model.validate(parsed.input), parsed.deadline_ms
-    except InvalidInput as error:
-        return error_response(422, f"input: {error}", "input")
 
 
 def _stats(batcher: DynamicBatcher) -> dict[str, Any]:

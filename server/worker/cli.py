@@ -43,6 +43,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--instances", type=int, default=1, help="model instances (batches in flight)"
     )
     worker.add_argument(
+        "--frontends",
+        type=int,
+        default=0,
+        help="front-end processes that parse HTTP and decode inputs, handing ready tensors "
+        "to this process's one batcher through shared memory (default 0: all in one process)",
+    )
+    worker.add_argument(
         "--max-body-bytes",
         type=int,
         default=MAX_BODY_BYTES,
@@ -100,6 +107,8 @@ def run_worker(args: argparse.Namespace) -> int:
         raise InvalidInput(f"--instances must be >= 1, got {args.instances}")
     if args.max_queue is not None and args.max_queue < 1:
         raise InvalidInput(f"--max-queue must be >= 1, got {args.max_queue}")
+    if not 0 <= args.frontends <= 64:
+        raise InvalidInput(f"--frontends must be in 0..64, got {args.frontends}")
     if args.max_body_bytes < 1024:
         raise InvalidInput(f"--max-body-bytes must be >= 1024, got {args.max_body_bytes}")
     if not args.client_timeout > 0:

@@ -44,6 +44,32 @@ class ServedModel:
     to_bytes: Callable[[Any], bytes] | None = None
     length_group: Callable[[Any], int] | None = None  # for --group-by-length
 
+    @property
+    def codec(self) -> InputCodec:
+        return InputCodec(self.name, self.validate, self.example, self.from_bytes)
+
+
+@dataclass(frozen=True)
+class InputCodec:
+    """How a request's body becomes one model input: the part of a model a front-end
+    process needs (no module, no weights). `validate` takes a decoded JSON value and
+    `from_bytes` the compact binary body; both return a tensor or raise InvalidInput."""
+
+    name: str
+    validate: Callable[[Any], Any]
+    example: Callable[[int], Any]
+    from_bytes: Callable[[bytes], Any] | None = None
+
+
+def load_codec(spec: str) -> InputCodec:
+    """The input codec of the model `load_model(spec)` serves, without loading it."""
+    if spec == "demo-cnn":
+        return InputCodec(spec, _image, _example_image, _image_from_bytes)
+    if spec == "demo-text":
+        return InputCodec(spec, _tokens, _example_tokens, _tokens_from_bytes)
+    name = Path(spec).name if Path(spec).exists() else spec
+    return InputCodec(name, _generic, lambda i: [0.0])
+
 
 class _Block(nn.Module):
     def __init__(self, channels: int) -> None:

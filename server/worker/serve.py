@@ -21,6 +21,7 @@ from server.bus.redis_bus import RedisBus, connect
 from server.http_edge import SMALL_BODY_BYTES, EdgeLimits, uvicorn_config
 from server.worker.app import create_app
 from server.worker.batching import DynamicBatcher
+from server.worker.frontends import FrontendPool
 from server.worker.link import WorkerLink
 from server.worker.models import load_model
 from server.worker.runner import TorchRunner, parse_device
@@ -51,17 +52,19 @@ def serve(args: argparse.Namespace, config: BatchConfig) -> int:
         link = WorkerLink(batcher, bus, args.pool, args.name or f"{args.host}:{args.port}")
     elif token is None:
         log.warning("no API token (%s or --token-file): PUT /v1/config is refused", TOKEN_ENV)
-    app = create_app(
-        model,
-        batcher,
-        link,
-        token,
-        limits=EdgeLimits(
-            SMALL_BODY_BYTES, {"/v1/infer": args.max_body_bytes}, args.client_timeout
-        ),
-    )
-    config = uvicorn_config(app, args.client_timeout, host=args.host, port=args.port)
-    _DrainingServer(config).run(sockets=[listening])
+    limits = EdgeLimits(SMALL_BODY_BYTES, {"/v1/infer": args.max_body_bytes}, args.client_timeout)
+    frontends = None
+    if args.frontends:
+        frontends = FrontendPool(
+            args.frontends, args.model, model.codec, listening, limits, args.client_timeout
+        )
+    app = create_app(model, batcher, link, token, limits=limits, frontends=frontends)
+    if frontends is None:
+        config = uvicorn_config(app, args.client_timeout, host=args.host, port=args.port)
+        _DrainingServer(config).run(sockets=[listening])
+    else:  # the front ends take the port; this process's own API is theirs alone
+        config = uvicorn_config(app, args.client_timeout, uds=frontends.api_path)
+        _DrainingServer(config).run()
     return 0
 
 

@@ -1,0 +1,284 @@
+"""The model process's side of `tidal worker --frontends N`: start the front-end
+processes, take their hand-offs into the one batcher, answer them, and keep them alive.
+
+Why processes: a request's CPU work (HTTP parsing, JSON or binary decoding, input
+validation, and for real models image decoding or tokenising) holds the GIL, and in one
+process it competes with the batcher's event loop and the model's own Python. Front ends
+scale that work over cores while the model process sizes batches for the device alone;
+the batching rule still sees every request of the worker, because there is one batcher
+(Triton does the same with front-end threads feeding one scheduler).
+
+The pool owns what must outlive a front end: the shared-memory arenas (one per front
+end, reused by its restart) and the hand-off socket. A front end that dies is logged
+with its exit code, counted (`tidal_worker_frontend_restarts_total`) and started again;
+the worker is not ready until every front end has connected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import multiprocessing
+import os
+import socket
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from server.http_edge import EdgeLimits
+from server.tasks import BackgroundErrors, spawn
+from server.worker import handoff
+from server.worker.frontend import FrontendSpec, run_frontend
+from server.worker.inference import Answer, Parsed
+from server.worker.models import InputCodec
+
+log = logging.getLogger("tidal.worker")
+
+SLOTS_PER_FRONTEND = 1024
+"""Requests a front end may have handed off at once before inputs travel inline."""
+RESTART_AFTER_S = 1.0
+
+Serve = Callable[[Parsed, float], Awaitable[Answer]]
+"""(parsed request, ingress seconds) -> its answer: `server.worker.inference.answer`."""
+
+
+@dataclass
+class _Frontend:
+    """One front end's process and counters (the totals survive its restarts)."""
+
+    index: int
+    arena: handoff.SlotArena
+    process: multiprocessing.process.BaseProcess | None = None
+    connected: bool = False
+    started_at: float = 0.0
+    restarts: int = 0
+    cpu_s: float = 0.0  # this process's report
+    requests: int = 0
+    cpu_s_before: float = 0.0  # earlier processes' last reports
+    requests_before: int = 0
+    connections: set[asyncio.Task] = field(default_factory=set)
+
+
+class FrontendPool:
+    """N front-end processes on `listening`, handing requests to `serve`."""
+
+    def __init__(
+        self,
+        count: int,
+        model: str,
+        codec: InputCodec,
+        listening: socket.socket,
+        limits: EdgeLimits,
+        client_timeout_s: float,
+    ) -> None:
+        self.count, self.model, self.listening = count, model, listening
+        self.limits, self.client_timeout_s = limits, client_timeout_s
+        self._folder = Path(tempfile.mkdtemp(prefix="tidal-worker-"))
+        self.api_path = str(self._folder / "api.sock")  # the model process's own API
+        self.handoff_path = str(self._folder / "handoff.sock")
+        slot_bytes = handoff.slot_bytes_for(torch.as_tensor(codec.validate(codec.example(0))))
+        self._frontends = [
+            _Frontend(i, handoff.SlotArena.create(SLOTS_PER_FRONTEND, slot_bytes))
+            for i in range(count)
+        ]
+        self._context = multiprocessing.get_context("spawn")  # no fork of torch's threads
+        self._serve: Serve | None = None
+        self._errors: BackgroundErrors | None = None
+        self._server: asyncio.Server | None = None
+        self._supervisor: asyncio.Task | None = None
+        self._stopping = False
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    async def start(self, serve: Serve, errors: BackgroundErrors) -> None:
+        """Listen for hand-offs, then start every front end (they connect on start)."""
+        self._serve, self._errors = serve, errors
+        self._server = await asyncio.start_unix_server(self._connection, self.handoff_path)
+        for frontend in self._frontends:
+            self._start(frontend)
+        self._supervisor = spawn(self._supervise(), "frontends", errors)
+
+    async def stop(self) -> None:
+        """SIGTERM every front end and wait while they finish what they hold (their
+        requests are still answered here), then close the hand-off."""
+        self._stopping = True
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+        processes = [f.process for f in self._frontends if f.process is not None]
+        for process in processes:
+            if process.is_alive():
+                process.terminate()
+        await asyncio.get_running_loop().run_in_executor(None, _join_all, processes)
+        if self._server is not None:
+            self._server.close()
+        for frontend in self._frontends:
+            for task in frontend.connections:
+                task.cancel()
+            with contextlib.suppress(BufferError):  # a view still held by a dead request
+                frontend.arena.close()
+        with contextlib.suppress(OSError):
+            for path in (self.api_path, self.handoff_path):
+                os.unlink(path)
+            self._folder.rmdir()
+
+    @property
+    def ready(self) -> bool:
+        return all(f.connected for f in self._frontends)
+
+    def summary(self) -> list[dict]:
+        return [
+            {
+                "index": f.index,
+                "pid": f.process.pid if f.process is not None else None,
+                "connected": f.connected,
+                "restarts": f.restarts,
+                "requests": f.requests_before + f.requests,
+                "cpu_s": round(f.cpu_s_before + f.cpu_s, 3),
+            }
+            for f in self._frontends
+        ]
+
+    # -- processes -------------------------------------------------------------------
+
+    def _start(self, frontend: _Frontend) -> None:
+        spec = FrontendSpec(
+            frontend.index,
+            self.model,
+            self.handoff_path,
+            self.api_path,
+            frontend.arena.name,
+            frontend.arena.slots,
+            frontend.arena.slot_bytes,
+            self.limits,
+            self.client_timeout_s,
+        )
+        frontend.process = self._context.Process(
+            target=run_frontend,
+            args=(spec, self.listening),
+            name=f"tidal-frontend-{frontend.index}",
+            daemon=True,
+        )
+        frontend.process.start()
+        frontend.started_at = time.monotonic()
+
+    async def _supervise(self) -> None:
+        """Restart a front end that exits while the worker serves."""
+        while not self._stopping:
+            await asyncio.sleep(RESTART_AFTER_S)
+            for frontend in self._frontends:
+                process = frontend.process
+                if process is None or process.is_alive() or self._stopping:
+                    continue
+                log.error(
+                    "front end %d (pid %s) exited with code %s; starting it again",
+                    frontend.index,
+                    process.pid,
+                    process.exitcode,
+                )
+                frontend.restarts += 1
+                frontend.connected = False
+                frontend.cpu_s_before += frontend.cpu_s
+                frontend.requests_before += frontend.requests
+                frontend.cpu_s, frontend.requests = 0.0, 0
+                self._start(frontend)
+
+    # -- hand-offs -------------------------------------------------------------------
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One front end's requests until it closes its side."""
+        frontend: _Frontend | None = None
+        try:
+            while True:
+                payload = await reader.readexactly(
+                    handoff.frame_length(await reader.readexactly(4))
+                )
+                kind = handoff.kind_of(payload)
+                if kind == handoff.HELLO:
+                    frontend = self._frontends[handoff.decode_hello(payload)]
+                    frontend.connected = True
+                elif kind == handoff.STATS and frontend is not None:
+                    frontend.cpu_s, frontend.requests = handoff.decode_stats(payload)
+                elif kind == handoff.REQUEST and frontend is not None:
+                    self._take(frontend, handoff.decode_request(payload), writer)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass  # the front end closed: it exited, or was stopped
+        finally:
+            if frontend is not None:
+                frontend.connected = False
+            writer.close()
+
+    def _take(self, frontend: _Frontend, request: handoff.RequestFrame, writer) -> None:
+        if request.slot == handoff.INLINE:
+            item = handoff.inline_tensor(request)
+        else:
+            item = frontend.arena.view(request.slot, request.dtype, request.shape)
+        parsed = Parsed(item, request.deadline_ms, request.origin_wall_s, request.stamped)
+        ingress_s = max(0.0, time.time() - request.origin_wall_s)
+        assert self._serve is not None and self._errors is not None
+        spawn(
+            self._answer(request.request_id, parsed, ingress_s, writer),
+            "frontend-request",
+            self._errors,
+            lambda error: _send(writer, request.request_id, 500, _internal(error)),
+        )
+
+    async def _answer(self, request_id: int, parsed: Parsed, ingress_s: float, writer) -> None:
+        assert self._serve is not None
+        answer = await self._serve(parsed, ingress_s)
+        _send(writer, request_id, answer.status, answer.body)
+
+    # -- metrics ---------------------------------------------------------------------
+
+    def collect(self):
+        """Prometheus collector (registered by the worker's app)."""
+        requests = CounterMetricFamily(
+            "tidal_worker_frontend_requests",
+            "Inference requests a front-end process took (parsed and handed off, or refused).",
+            labels=["frontend"],
+        )
+        cpu = CounterMetricFamily(
+            "tidal_worker_frontend_cpu_seconds",
+            "CPU seconds of a front-end process: with the requests counter, requests per "
+            "CPU-second of front end.",
+            labels=["frontend"],
+        )
+        restarts = CounterMetricFamily(
+            "tidal_worker_frontend_restarts", "Front ends that exited and were started again."
+        )
+        connected = GaugeMetricFamily(
+            "tidal_worker_frontends_connected",
+            "Front-end processes connected to the model process.",
+        )
+        for f in self._frontends:
+            requests.add_metric([str(f.index)], f.requests_before + f.requests)
+            cpu.add_metric([str(f.index)], f.cpu_s_before + f.cpu_s)
+        restarts.add_metric([], sum(f.restarts for f in self._frontends))
+        connected.add_metric([], sum(f.connected for f in self._frontends))
+        return [requests, cpu, restarts, connected]
+
+
+def _send(writer: asyncio.StreamWriter, request_id: int, status: int, body: dict) -> None:
+    if not writer.is_closing():  # else its front end is gone, and the client with it
+        writer.write(handoff.encode_answer(request_id, status, json.dumps(body).encode()))
+
+
+def _internal(error: BaseException) -> dict:
+    return {"error": f"internal error ({error!r}); see the worker's log", "field": None}
+
+
+def _join_all(processes: list, timeout_s: float = 60.0) -> None:
+    """Wait for each to exit: uvicorn's graceful shutdown takes up to 30 s, then kill."""
+    deadline = time.monotonic() + timeout_s
+    for process in processes:
+        process.join(max(0.0, deadline - time.monotonic()))
+        if process.is_alive():
+            log.error("front end %s did not stop in %g s; killing it", process.pid, timeout_s)
+            process.kill()
+            process.join()

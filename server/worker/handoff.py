@@ -1,0 +1,200 @@
+"""How a front-end process hands a parsed input to the model process, and gets its answer.
+
+Two channels per front end:
+
+- `SlotArena`: one shared-memory block of fixed-size slots. The front end writes an
+  input tensor into a free slot; the model process reads it in place as a tensor view
+  (no pickling, no copy until the batch's collate stacks it, which it does anyway). The
+  model process creates the arena, so a front end killed with -9 leaks nothing; the
+  front end alone picks slots, and takes a slot back only when its answer has come, so
+  a slot is never rewritten while a batch may read it.
+- Frames on a Unix stream socket, little-endian, each `u32 length` then `u8 kind`:
+  `HELLO` (the front end's index), `REQUEST` (an id, the slot, dtype, shape, deadline
+  and ingress origin; an input too large for a slot travels inline after the shape),
+  `ANSWER` (the id, the HTTP status and the JSON body) and `STATS` (the front end's CPU
+  seconds and requests so far, for the metrics).
+
+Everything here is plain data and bytes; the asyncio on either side lives with its
+process (`server.worker.frontend`, `server.worker.frontends`).
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass
+from multiprocessing import resource_tracker
+from multiprocessing.shared_memory import SharedMemory
+
+import torch
+
+SLOT_ALIGN = 4096
+INLINE = -1  # the slot of an input that travels inside its frame
+
+HELLO, REQUEST, ANSWER, STATS = 0, 1, 2, 3
+_LENGTH = struct.Struct("<I")
+_HELLO = struct.Struct("<BI")
+_REQUEST = struct.Struct("<BQiBBddB")
+_ANSWER = struct.Struct("<BQH")
+_STATS = struct.Struct("<BdQ")
+
+DTYPES = (
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.int64,
+    torch.int32,
+    torch.int16,
+    torch.int8,
+    torch.uint8,
+    torch.bool,
+)
+_DTYPE_CODES = {dtype: code for code, dtype in enumerate(DTYPES)}
+
+
+def slot_bytes_for(example: torch.Tensor) -> int:
+    """A slot holds the model's example input, rounded up to whole pages (at least one)."""
+    size = example.numel() * example.element_size()
+    return max(SLOT_ALIGN, -(-size // SLOT_ALIGN) * SLOT_ALIGN)
+
+
+class SlotArena:
+    """`slots` slots of `slot_bytes` each in one shared-memory block."""
+
+    def __init__(self, memory: SharedMemory, slots: int, slot_bytes: int, owner: bool) -> None:
+        self.memory, self.slots, self.slot_bytes, self.owner = memory, slots, slot_bytes, owner
+        # One export of the buffer for the arena's life; every slot is a slice of it.
+        self._bytes = torch.frombuffer(memory.buf, dtype=torch.uint8, count=slots * slot_bytes)
+
+    @classmethod
+    def create(cls, slots: int, slot_bytes: int) -> SlotArena:
+        return cls(SharedMemory(create=True, size=slots * slot_bytes), slots, slot_bytes, True)
+
+    @classmethod
+    def attach(cls, name: str, slots: int, slot_bytes: int) -> SlotArena:
+        memory = SharedMemory(name=name)
+        # Python 3.11 registers an attached block with this process's resource tracker,
+        # which would unlink it when this process exits; the creator owns it.
+        resource_tracker.unregister(memory._name, "shared_memory")  # type: ignore[attr-defined]
+        return cls(memory, slots, slot_bytes, False)
+
+    @property
+    def name(self) -> str:
+        return self.memory.name
+
+    def fits(self, tensor: torch.Tensor) -> bool:
+        return tensor.numel() * tensor.element_size() <= self.slot_bytes
+
+    def write(self, slot: int, tensor: torch.Tensor) -> None:
+        """Copy `tensor` into `slot` (the caller checked that it `fits`)."""
+        flat = tensor.contiguous().view(-1).view(torch.uint8)
+        start = slot * self.slot_bytes
+        self._bytes[start : start + flat.numel()].copy_(flat)
+
+    def view(self, slot: int, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+        """The tensor in `slot`, in place."""
+        start = slot * self.slot_bytes
+        size = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        return self._bytes[start : start + size].view(dtype).view(shape)
+
+    def close(self) -> None:
+        del self._bytes
+        self.memory.close()
+        if self.owner:
+            self.memory.unlink()
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFrame:
+    """One parsed request on its way to the batcher."""
+
+    request_id: int
+    slot: int
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    deadline_ms: float | None
+    origin_wall_s: float
+    stamped: bool
+    inline: bytes = b""
+
+
+def frame(payload: bytes) -> bytes:
+    return _LENGTH.pack(len(payload)) + payload
+
+
+def encode_hello(index: int) -> bytes:
+    return frame(_HELLO.pack(HELLO, index))
+
+
+def encode_request(request: RequestFrame) -> bytes:
+    deadline = math.nan if request.deadline_ms is None else request.deadline_ms
+    head = _REQUEST.pack(
+        REQUEST,
+        request.request_id,
+        request.slot,
+        _DTYPE_CODES[request.dtype],
+        len(request.shape),
+        deadline,
+        request.origin_wall_s,
+        request.stamped,
+    )
+    shape = struct.pack(f"<{len(request.shape)}q", *request.shape)
+    return frame(head + shape + request.inline)
+
+
+def encode_answer(request_id: int, status: int, body: bytes) -> bytes:
+    return frame(_ANSWER.pack(ANSWER, request_id, status) + body)
+
+
+def encode_stats(cpu_s: float, requests: int) -> bytes:
+    return frame(_STATS.pack(STATS, cpu_s, requests))
+
+
+def frame_length(head: bytes) -> int:
+    return _LENGTH.unpack(head)[0]
+
+
+def kind_of(payload: bytes) -> int:
+    return payload[0]
+
+
+def decode_hello(payload: bytes) -> int:
+    return _HELLO.unpack(payload)[1]
+
+
+def decode_request(payload: bytes) -> RequestFrame:
+    _, request_id, slot, dtype, ndim, deadline, origin, stamped = _REQUEST.unpack_from(payload)
+    end = _REQUEST.size + 8 * ndim
+    shape = struct.unpack_from(f"<{ndim}q", payload, _REQUEST.size)
+    return RequestFrame(
+        request_id,
+        slot,
+        DTYPES[dtype],
+        shape,
+        None if math.isnan(deadline) else deadline,
+        origin,
+        bool(stamped),
+        payload[end:] if slot == INLINE else b"",
+    )
+
+
+def decode_answer(payload: bytes) -> tuple[int, int, bytes]:
+    """(request id, status, JSON body)."""
+    _, request_id, status = _ANSWER.unpack_from(payload)
+    return request_id, status, payload[_ANSWER.size :]
+
+
+def decode_stats(payload: bytes) -> tuple[float, int]:
+    """(CPU seconds, requests) of the front end so far."""
+    _, cpu_s, requests = _STATS.unpack(payload)
+    return cpu_s, requests
+
+
+def inline_tensor(request: RequestFrame) -> torch.Tensor:
+    """An input that travelled inside its frame (larger than a slot)."""
+    return torch.frombuffer(bytearray(request.inline), dtype=request.dtype).view(request.shape)
+
+
+def inline_bytes(tensor: torch.Tensor) -> bytes:
+    return tensor.contiguous().view(-1).view(torch.uint8).numpy().tobytes()

@@ -1,0 +1,182 @@
+"""`tidal worker --frontends 2`: front-end processes parse and decode, one model process
+batches (server.worker.frontend, server.worker.frontends, server.worker.handoff).
+
+Real processes: the worker, its two front ends and their shared memory. What must hold:
+the one batcher sees every request whichever front end took it, answers are the model's,
+refusals are the same as a single process's, every other path reaches the model
+process's API, a killed front end is restarted and counted, and a SIGTERM drains.
+The whole real-process worker suite also runs through front ends with
+`TIDAL_TEST_WORKER_ARGS="--frontends 2" python -m pytest tests/test_worker_http.py`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import signal
+import struct
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from processes import wait_for
+from prometheus_client.parser import text_string_to_metric_families
+from test_http_edge import answer, connect, head
+from test_worker_http import AUTH, image, start_worker
+
+from server.worker import handoff
+from server.worker.models import load_model
+from server.worker.runner import TorchRunner
+
+BINARY = {"content-type": "application/octet-stream"}
+
+
+@pytest.fixture(scope="module")
+def worker():
+    # A long timeout: batches form by size, so a batch of 8 proves one batcher saw all 8.
+    process, url = start_worker("--frontends", "2", "--config", "max_batch=8,timeout=2s")
+    yield process, url
+    process.terminate()
+    process.wait(timeout=60)
+
+
+def frontend_pids(url: str) -> list[int]:
+    return [f["pid"] for f in httpx.get(f"{url}/v1/stats").json()["frontends"]]
+
+
+def metric(url: str, name: str) -> float:
+    families = text_string_to_metric_families(httpx.get(f"{url}/metrics").text)
+    return sum(s.value for f in families for s in f.samples if s.name == name)
+
+
+def test_a_handoff_frame_round_trips():
+    tensor = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    arena = handoff.SlotArena.create(4, handoff.slot_bytes_for(tensor))
+    try:
+        arena.write(2, tensor)
+        request = handoff.RequestFrame(7, 2, torch.float32, (3, 4), None, 1.5, True)
+        encoded = handoff.encode_request(request)
+        (length,) = struct.unpack("<I", encoded[:4])
+        decoded = handoff.decode_request(encoded[4 : 4 + length])
+        assert decoded == request
+        assert torch.equal(arena.view(decoded.slot, decoded.dtype, decoded.shape), tensor)
+        inline = handoff.RequestFrame(
+            8,
+            handoff.INLINE,
+            torch.int32,
+            (2,),
+            250.0,
+            2.0,
+            False,
+            handoff.inline_bytes(torch.tensor([5, 6], dtype=torch.int32)),
+        )
+        back = handoff.decode_request(handoff.encode_request(inline)[4:])
+        assert back == inline and handoff.inline_tensor(back).tolist() == [5, 6]
+        assert handoff.decode_answer(handoff.encode_answer(9, 429, b"{}")[4:]) == (9, 429, b"{}")
+    finally:
+        arena.close()
+
+
+def test_one_batcher_batches_requests_from_both_front_ends(worker):
+    _, url = worker
+    inputs = [image(i) for i in range(8)]
+
+    def send(i: int) -> dict:  # a client (so a connection) each: the kernel spreads them
+        with httpx.Client(timeout=30) as client:
+            body = torch.tensor(inputs[i]).numpy().tobytes()
+            return client.post(f"{url}/v1/infer", content=body, headers=BINARY).json()
+
+    before = httpx.get(f"{url}/v1/stats").json()
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(send, range(8)))
+    assert {a["timing"]["batch_size"] for a in answers} == {8}
+    model = load_model("demo-cnn")
+    expected = TorchRunner(model).run([model.validate(x) for x in inputs], 8)
+    for got, want in zip(answers, expected, strict=True):
+        assert got["output"] == pytest.approx(want, abs=1e-4)
+    assert httpx.get(f"{url}/v1/stats").json()["arrivals"] - before["arrivals"] == 8
+
+    def taken() -> int:  # the front ends report their counts every second
+        after = httpx.get(f"{url}/v1/stats").json()["frontends"]
+        return sum(f["requests"] for f in after) - sum(f["requests"] for f in before["frontends"])
+
+    wait_for(lambda: taken() == 8, 10, "the front ends' reports")
+
+
+def test_refusals_are_those_of_one_process(worker):
+    _, url = worker
+    nan = [[[math.nan] * 32] * 32] * 3
+    json_body = {"content-type": "application/json"}
+    reply = httpx.post(f"{url}/v1/infer", content=json.dumps({"input": nan}), headers=json_body)
+    assert (reply.status_code, reply.json()["field"]) == (422, "input")
+    reply = httpx.post(f"{url}/v1/infer", content=b"\0" * 12, headers=BINARY)
+    assert reply.status_code == 422 and "12288 bytes" in reply.json()["error"]
+    reply = httpx.post(
+        f"{url}/v1/infer", json={"input": image(0)}, headers={"X-Deadline-Ms": "nan"}
+    )
+    assert (reply.status_code, reply.json()["field"]) == (422, "x-deadline-ms")
+    reply = httpx.post(
+        f"{url}/v1/infer", content=b"{", headers={"content-type": "application/json"}
+    )
+    assert reply.status_code == 422 and set(reply.json()) == {"error", "field"}
+    with connect(url) as sock:  # 50 MB declared, none sent: refused before it is read
+        sock.sendall(head("POST", "/v1/infer", f"Content-Length: {50 << 20}"))
+        assert answer(sock)[0] == 413
+
+
+def test_every_other_path_reaches_the_model_process(worker):
+    _, url = worker
+    assert httpx.get(f"{url}/healthz").json()["status"] == "ok"
+    assert httpx.get(f"{url}/readyz").json()["status"] == "ready"
+    assert (
+        httpx.put(f"{url}/v1/config", json={"max_batch": 8, "timeout_ms": 2000}).status_code == 401
+    )
+    reply = httpx.put(f"{url}/v1/config", json={"max_batch": 8, "timeout_ms": 2000}, headers=AUTH)
+    assert reply.status_code == 200 and reply.json()["config"]["version"] >= 1
+    httpx.post(f"{url}/v1/infer", json={"input": image(1), "deadline_ms": 1})
+    wait_for(lambda: metric(url, "tidal_worker_frontend_cpu_seconds_total") > 0, 10, "a report")
+    assert metric(url, "tidal_worker_frontend_requests_total") >= 1
+    assert metric(url, "tidal_worker_frontends_connected") == 2
+
+
+def test_a_killed_front_end_is_started_again_and_counted(worker):
+    _, url = worker
+    first, second = frontend_pids(url)
+    os.kill(first, signal.SIGKILL)
+    wait_for(lambda: frontend_pids(url)[0] not in (first, None), 30, "the restart")
+    wait_for(lambda: httpx.get(f"{url}/readyz").status_code == 200, 60, "readiness")
+    assert frontend_pids(url)[1] == second
+    assert metric(url, "tidal_worker_frontend_restarts_total") == 1
+    body = torch.tensor(image(2)).numpy().tobytes()
+    with ThreadPoolExecutor(8) as pool:  # several connections: both front ends serve
+        replies = list(pool.map(lambda _: post_fresh(url, body), range(8)))
+    assert [r.status_code for r in replies] == [200] * 8
+
+
+def post_fresh(url: str, body: bytes) -> httpx.Response:
+    with httpx.Client(timeout=30) as client:
+        return client.post(f"{url}/v1/infer", content=body, headers=BINARY)
+
+
+def test_sigterm_answers_what_the_front_ends_hold_and_exits_0(worker):
+    """Last in this module: it stops the module's worker."""
+    process, url = worker
+    config = {"max_batch": 8, "timeout_ms": 1500}
+    assert httpx.put(f"{url}/v1/config", json=config, headers=AUTH).status_code == 200
+    pids = frontend_pids(url)
+    body = torch.tensor(image(3)).numpy().tobytes()
+    with ThreadPoolExecutor(4) as pool:
+        pending = [pool.submit(post_fresh, url, body) for _ in range(4)]
+        time.sleep(0.5)  # real processes: the four are queued behind the 1.5 s timeout
+        process.send_signal(signal.SIGTERM)
+        replies = [p.result() for p in pending]
+    assert [r.status_code for r in replies] == [200] * 4
+    assert process.wait(timeout=60) == 0
+    for pid in pids:  # gone (or a zombie until the test process's turn to reap)
+        with contextlib.suppress(FileNotFoundError):
+            assert "zombie" in Path(f"/proc/{pid}/status").read_text()
