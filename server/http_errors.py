@@ -73,14 +73,20 @@ def error_response(
     return JSONResponse({"error": message, "field": field}, status_code=status, headers=headers)
 
 
-def first_invalid(
-    error: RequestValidationError | ValidationError, skip: str = "body"
-) -> JSONResponse:
-    """A 422 naming the first invalid field (`loc` minus the `body` prefix)."""
+LOCATIONS = frozenset({"body", "query", "header", "path", "cookie"})
+"""The first element of FastAPI's `loc`: where the input is, not which one it is."""
+
+
+def first_invalid(error: RequestValidationError | ValidationError) -> JSONResponse:
+    """A 422 naming the first invalid field: a body field's path (`events.0.name`), a
+    query parameter or a header by its name (`limit`, `x-deadline-ms`), as handlers do."""
     first = error.errors()[0]
     if first.get("type") == "json_invalid":
         return _invalid_json(first)
-    field = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
+    loc = list(first.get("loc", ()))
+    if loc and loc[0] in LOCATIONS:
+        loc = loc[1:]
+    field = ".".join(map(str, loc)) or None
     return error_response(422, f"{field or 'body'}: {first.get('msg', 'invalid')}", field)
 
 

@@ -258,3 +258,16 @@ def test_a_json_body_that_is_not_utf8_is_400_in_the_one_shape():
     )
     assert r.status_code == 400
     assert r.json() == {"error": "There was an error parsing the body", "field": None}
+
+
+def test_a_bad_parameter_or_header_is_named_as_the_client_spells_it():
+    """As the handlers' own refusals name them (`since`, `x-deadline-ms`), never with
+    FastAPI's location in front (`query.limit`, `header.x-deadline-ms`)."""
+    r = answer(controller_app(), "GET", "/v1/pools/p/decisions?limit=0")
+    assert r.status_code == 422
+    assert r.json() == {
+        "error": "limit: Input should be greater than or equal to 1",
+        "field": "limit",
+    }
+    r = answer(worker_app(), "POST", "/v1/infer", json={"input": 1}, headers={"x-sent-at": "x"})
+    assert r.status_code == 422 and r.json()["field"] == "x-sent-at"
