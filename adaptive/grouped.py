@@ -5,7 +5,8 @@ A transformer batch is padded to its longest sequence, so a batch mixing 10-toke
 `Batcher` per group (a length bucket, say) and applies the batching rule to each group
 on its own: a free worker takes the group whose batch is due first (ties: the smallest
 key). Order is FIFO within a group; across groups a later short request may leave before
-an earlier long one. The queue bound counts every group together.
+an earlier long one. The queue bound counts every group together. Deadlines expire in
+each group as in `Batcher`; `next_expiry` and `expire` span every group.
 """
 
 from __future__ import annotations
@@ -41,20 +42,29 @@ class GroupedBatcher(Generic[Item]):
     def __len__(self) -> int:
         return self._size
 
-    def offer(self, item: Item, now: float) -> bool:
+    def offer(self, item: Item, now: float, deadline_at: float | None = None) -> bool:
         if self._max_queue is not None and self._size >= self._max_queue:
             return False
         key = self._key(item)
         group = self._groups.get(key)
         if group is None:
             group = self._groups[key] = Batcher(self._config)
-        group.offer(item, now)
+        group.offer(item, now, deadline_at)
         self._size += 1
         return True
 
     def next_deadline(self) -> float | None:
         deadlines = [d for d in (g.next_deadline() for g in self._groups.values()) if d is not None]
         return min(deadlines, default=None)
+
+    def next_expiry(self) -> float | None:
+        expiries = [e for e in (g.next_expiry() for g in self._groups.values()) if e is not None]
+        return min(expiries, default=None)
+
+    def expire(self, now: float) -> list[Queued[Item]]:
+        expired = [q for group in self._groups.values() for q in group.expire(now)]
+        self._size -= len(expired)
+        return sorted(expired, key=lambda q: (q.deadline_at, q.arrived_at))
 
     def take_nowait(self, now: float) -> list[Queued[Item]] | None:
         due = [

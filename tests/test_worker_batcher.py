@@ -196,22 +196,169 @@ def test_bounded_queue_sheds_and_deadline_expires_in_the_queue():
         await batcher.start()
         late = asyncio.create_task(batcher.submit(0, deadline_s=0.0625))
         kept = [asyncio.create_task(batcher.submit(i)) for i in (1, 2)]
-        await at(0.125)
+        await asyncio.sleep(0)
         with pytest.raises(QueueFull):
             await batcher.submit(3)
         with pytest.raises(DeadlineExceeded):
             await late
         expired_at = asyncio.get_running_loop().time()
+        await at(0.125)
+        kept.append(asyncio.create_task(batcher.submit(4)))  # the expired one's place
         served = await asyncio.gather(*kept)
         done_at = asyncio.get_running_loop().time()
         await batcher.drain()
         return batcher, served, expired_at, done_at
 
     batcher, served, expired_at, done_at = run_virtual(scenario())
-    assert [s.output for s in served] == [2, 4]
-    assert expired_at == 0.25 and done_at == 0.5  # answered when the batch forms, at 0.25 s
-    assert [s.queue_wait_s for s in served] == [0.25, 0.25] and served[0].batch_size == 2
+    assert [s.output for s in served] == [2, 4, 8]
+    assert expired_at == 0.0625  # at its deadline, not when the batch forms (0.25 s)
+    assert done_at == 0.5 and [s.queue_wait_s for s in served] == [0.25, 0.25, 0.125]
     assert batcher.stats.shed == 1 and batcher.stats.expired == 1
+
+
+def test_a_request_expires_at_its_deadline_and_the_timeout_runs_from_the_oldest_waiting():
+    """Cap 8, timeout 100 ms: A arrives at 0 with a 50 ms deadline, B at 10 ms, C at
+    30 ms. A's 504 comes at exactly 50 ms; the batch of B and C forms at 110 ms (B's
+    timeout), not at 100 ms (A's, had it stayed)."""
+
+    async def scenario():
+        runner = cold()
+        batcher = virtual(runner, BatchConfig(8, 0.1), warm_at_start=False)
+        await batcher.start()
+        loop = asyncio.get_running_loop()
+        a = asyncio.create_task(batcher.submit("A", deadline_s=0.05))
+        await at(0.01)
+        b = asyncio.create_task(batcher.submit("B"))
+        await at(0.03)
+        c = asyncio.create_task(batcher.submit("C", deadline_s=0.2))
+        with pytest.raises(DeadlineExceeded):
+            await a
+        expired_at = loop.time()
+        served = await asyncio.gather(b, c)
+        await batcher.drain()
+        return runner, expired_at, served, loop.time()
+
+    runner, expired_at, served, done_at = run_virtual(scenario())
+    assert expired_at == 0.05
+    assert runner.batches == [["B", "C"]] and runner.dispatched_at == [0.11]
+    assert [s.queue_wait_s for s in served] == pytest.approx([0.1, 0.08], abs=1e-12)
+    assert done_at == 0.36  # 110 ms + the 250 ms service
+
+
+def test_an_expiry_in_the_middle_moves_the_batch_to_the_next_full_one():
+    """Cap 3, timeout 1 s: A and B arrive at 0 (B with a 250 ms deadline), C at 0.5 s,
+    D at 0.75 s. B expires at 0.25 s, so three are waiting only when D arrives: the
+    batch is A, C, D at 0.75 s (with B it would have been A, B, C at 0.5 s)."""
+
+    async def scenario():
+        runner = cold()
+        batcher = virtual(runner, BatchConfig(3, 1.0), warm_at_start=False)
+        await batcher.start()
+        tasks = [
+            asyncio.create_task(batcher.submit("A")),
+            asyncio.create_task(batcher.submit("B", deadline_s=0.25)),
+        ]
+        await at(0.5)
+        tasks.append(asyncio.create_task(batcher.submit("C")))
+        await at(0.75)
+        tasks.append(asyncio.create_task(batcher.submit("D")))
+        outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+        await batcher.drain()
+        return runner, batcher, outcomes
+
+    runner, batcher, outcomes = run_virtual(scenario())
+    assert runner.batches == [["A", "C", "D"]] and runner.dispatched_at == [0.75]
+    assert isinstance(outcomes[1], DeadlineExceeded) and batcher.stats.expired == 1
+
+
+def test_a_request_due_in_a_batch_at_its_deadline_expires_instead():
+    """The batch and the deadline fall at the same instant (timeout 250 ms, deadline
+    250 ms): the request has stopped waiting, so it expires and the other is served."""
+
+    async def scenario():
+        runner = cold()
+        batcher = virtual(runner, BatchConfig(4, 0.25), warm_at_start=False)
+        await batcher.start()
+        late = asyncio.create_task(batcher.submit(1, deadline_s=0.25))
+        kept = asyncio.create_task(batcher.submit(2))
+        outcomes = await asyncio.gather(late, kept, return_exceptions=True)
+        await batcher.drain()
+        return runner, outcomes
+
+    runner, (late, kept) = run_virtual(scenario())
+    assert isinstance(late, DeadlineExceeded) and kept.output == 4
+    assert runner.batches == [[2]] and runner.dispatched_at == [0.25]
+
+
+DYADIC = st.integers(0, 32).map(lambda n: n / 64)  # exact in binary and in loop ticks
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    arrivals=st.lists(
+        st.tuples(DYADIC, st.one_of(st.none(), st.integers(1, 24).map(lambda n: n / 64))),
+        min_size=1,
+        max_size=40,
+    ),
+    cap=st.integers(1, 6),
+    timeout_s=st.sampled_from([0.0, 1 / 16, 1 / 4]),
+    service_s=st.sampled_from([1 / 32, 1 / 8]),
+    instances=st.integers(1, 2),
+)
+def test_no_request_waits_past_its_deadline_and_each_is_answered_once(
+    arrivals, cap, timeout_s, service_s, instances
+):
+    """Each request is answered exactly once: served (it left the queue strictly before
+    its deadline) or 504 at exactly its deadline; each batch holds the oldest requests
+    still waiting when it left, in order; nothing expired ran."""
+
+    async def scenario():
+        runner = cold()
+        batcher = virtual(
+            runner, BatchConfig(cap, timeout_s), service_s, instances=instances, warm_at_start=False
+        )
+        await batcher.start()
+        loop = asyncio.get_running_loop()
+
+        async def one(i, deadline_s):
+            try:
+                served = await batcher.submit(i, deadline_s)
+            except DeadlineExceeded:
+                return "expired", loop.time()
+            assert served.output == 2 * i
+            return "served", served.queue_wait_s
+
+        tasks, arrived = [], []
+        for i, (gap, deadline_s) in enumerate(arrivals):
+            await asyncio.sleep(gap)
+            arrived.append(loop.time())
+            tasks.append(asyncio.create_task(one(i, deadline_s)))
+        outcomes = await asyncio.gather(*tasks)
+        await batcher.drain()
+        return runner, batcher, arrived, outcomes
+
+    runner, batcher, arrived, outcomes = run_virtual(scenario())
+    deadline_at = [a if d is None else a + d for a, (_, d) in zip(arrived, arrivals, strict=True)]
+    ran = [i for batch in runner.batches for i in batch]
+    served = [i for i, (kind, _) in enumerate(outcomes) if kind == "served"]
+    assert ran == served  # once each, in arrival order, and nothing expired ran
+    for i, ((kind, value), (_, deadline_s)) in enumerate(zip(outcomes, arrivals, strict=True)):
+        if kind == "expired":
+            assert deadline_s is not None and value == deadline_at[i]  # answered then
+        else:
+            assert deadline_s is None or value < deadline_s  # queue wait: left in time
+    assert batcher.stats.expired == len(arrivals) - len(served)
+    waited = 0
+    for batch, left_at in zip(runner.batches, runner.dispatched_at, strict=True):
+        waiting = [
+            i
+            for i in range(len(arrivals))
+            if arrived[i] <= left_at and i not in ran[:waited]
+            and (arrivals[i][1] is None or deadline_at[i] > left_at)
+        ]  # fmt: skip
+        assert all(deadline_at[i] > left_at or arrivals[i][1] is None for i in batch)
+        assert batch == waiting[: len(batch)] and len(batch) <= cap
+        waited += len(batch)
 
 
 def test_raising_the_cap_serves_the_old_cap_until_warm():

@@ -234,16 +234,22 @@ def test_full_queue_is_429_an_expired_deadline_504_and_sigterm_drains_and_exits_
 
         async def shed_and_expire():
             async with httpx.AsyncClient(base_url=url, timeout=30) as client:
-                first = asyncio.create_task(
-                    client.post("/v1/infer", json={"input": image(1), "deadline_ms": 100})
-                )
+                started = time.monotonic()
+
+                async def expiring():
+                    body = {"input": image(1), "deadline_ms": 300}
+                    answer = await client.post("/v1/infer", json=body)
+                    return answer, time.monotonic() - started
+
+                first = asyncio.create_task(expiring())
                 second = asyncio.create_task(client.post("/v1/infer", json={"input": image(2)}))
-                await asyncio.sleep(0.2)
+                await asyncio.sleep(0.1)
                 third = await client.post("/v1/infer", json={"input": image(3)})
                 return await first, await second, third
 
-        first, second, third = asyncio.run(shed_and_expire())
+        (first, expired_after_s), second, third = asyncio.run(shed_and_expire())
         assert first.status_code == 504 and first.json()["field"] == "deadline_ms"
+        assert 0.3 <= expired_after_s < 0.7  # at its deadline, not at the batch (800 ms)
         assert second.status_code == 200
         assert third.status_code == 429 and third.headers["retry-after"] == "1"
 

@@ -1,9 +1,11 @@
 """The live dynamic batcher: `adaptive.Batcher` driven by an asyncio shell.
 
 Requests are offered to the state machine as they arrive; the dispatch loop sleeps until
-the batcher's next deadline (or an arrival, a config change, a freed instance) and hands
-each due batch to a model instance on a worker thread, so accepting requests never waits
-behind inference. One batch is in flight per instance.
+the batcher's next deadline or the next queued request's own deadline (or an arrival, a
+config change, a freed instance), answers 504 to every request whose deadline has passed
+(at its deadline, not when a batch forms: a client that gives up should hear so then),
+and hands each due batch to a model instance on a worker thread, so accepting requests
+never waits behind inference. One batch is in flight per instance.
 
 Configs apply at the next batch formation; the queue is never touched, so nothing is
 dropped, duplicated or reordered. Raising the cap past the warmed buckets warms the
@@ -78,7 +80,6 @@ class Served:
 class _Request:
     item: Any
     future: asyncio.Future[Served]
-    deadline_at: float | None
 
 
 @dataclass
@@ -202,13 +203,10 @@ class DynamicBatcher:
         if self._closing:
             raise ShuttingDown("the worker is draining and takes no new requests")
         now = self.clock.now()
-        request = _Request(
-            item,
-            asyncio.get_running_loop().create_future(),
-            None if deadline_s is None else now + deadline_s,
-        )
+        request = _Request(item, asyncio.get_running_loop().create_future())
         self.stats.arrivals += 1
-        if not self._batcher.offer(request, now):
+        deadline_at = None if deadline_s is None else now + deadline_s
+        if not self._batcher.offer(request, now, deadline_at):
             self.stats.shed += 1
             raise QueueFull(f"queue full ({len(self._batcher)} waiting)")
         self._wake.set()
@@ -262,21 +260,29 @@ class DynamicBatcher:
 
     async def _dispatch_loop(self) -> None:
         while True:
+            now = self.clock.now()
+            self._answer_expired(now)  # first: a request is never taken at its deadline
             if self._closing and not len(self._batcher) and not self._in_flight:
                 return
-            if self._free == 0 or not len(self._batcher):
-                await self._sleep(None)
-                continue
-            deadline = self._batcher.next_deadline()
-            now = self.clock.now()
-            if deadline is not None and deadline > now and not self._closing:
-                await self._sleep_until(deadline, now)
-                continue
-            batch = self._batcher.take_nowait(max(now, deadline or now))
-            if batch:
-                self._launch(batch, now)  # first: a failing hook must not lose the batch
-                if self.on_dispatch is not None and deadline is not None:
-                    self.on_dispatch(now - max(deadline, self._free_since))
+            # A batch is due only to a free instance; draining, it is due at once.
+            due_at = self._batcher.next_deadline() if self._free else None
+            if due_at is not None and (due_at <= now or self._closing):
+                self._dispatch(now, due_at)
+            else:
+                await self._sleep_until(_earliest(due_at, self._batcher.next_expiry()), now)
+
+    def _answer_expired(self, now: float) -> None:
+        for queued in self._batcher.expire(now):
+            if not queued.item.future.done():  # else the client went away
+                self.stats.expired += 1
+                queued.item.future.set_exception(DeadlineExceeded("deadline passed while queued"))
+
+    def _dispatch(self, now: float, due_at: float) -> None:
+        batch = self._batcher.take_nowait(max(now, due_at))
+        if batch:
+            self._launch(batch, now)  # first: a failing hook must not lose the batch
+            if self.on_dispatch is not None:
+                self.on_dispatch(now - max(due_at, self._free_since))
 
     def _dispatch_died(self, error: BaseException) -> None:
         """Nothing queued would ever run: fail it, and refuse what comes (not ready)."""
@@ -284,11 +290,14 @@ class DynamicBatcher:
         failed = WorkerFailed(f"the dispatch loop died ({error!r})")
         self._fail(self._batcher.drain(), failed)
 
-    async def _sleep_until(self, deadline: float, now: float) -> None:
-        """The selector sleeps in whole milliseconds (epoll rounds up), so the last
-        stretch before a deadline is spent yielding to the loop instead of sleeping."""
-        if deadline - now > self.spin_s:
-            await self._sleep(deadline - now - self.spin_s)
+    async def _sleep_until(self, wake_at: float | None, now: float) -> None:
+        """Until `wake_at` (None: until woken). The selector sleeps in whole milliseconds
+        (epoll rounds up), so the last stretch before an instant is spent yielding to the
+        loop instead of sleeping."""
+        if wake_at is None:
+            await self._sleep(None)
+        elif wake_at - now > self.spin_s:
+            await self._sleep(wake_at - now - self.spin_s)
         else:
             await asyncio.sleep(0)
 
@@ -298,16 +307,7 @@ class DynamicBatcher:
             await asyncio.wait_for(self._wake.wait(), timeout_s)
 
     def _launch(self, batch: list[Queued[_Request]], now: float) -> None:
-        live = []
-        for queued in batch:
-            request = queued.item
-            if request.future.done():
-                continue  # the client went away
-            if request.deadline_at is not None and now > request.deadline_at:
-                self.stats.expired += 1
-                request.future.set_exception(DeadlineExceeded("deadline passed while queued"))
-                continue
-            live.append(queued)
+        live = [queued for queued in batch if not queued.item.future.done()]  # else gone
         if not live:
             return
         self._free -= 1
@@ -457,3 +457,8 @@ class DynamicBatcher:
     def _apply_serving_config(self) -> None:
         self._batcher.reconfigure(BatchConfig(max(1, self.serving_cap), self.config.timeout_s))
         self._wake.set()
+
+
+def _earliest(*instants: float | None) -> float | None:
+    """The soonest of the instants given; None if there is none."""
+    return min((t for t in instants if t is not None), default=None)
