@@ -17,6 +17,7 @@ from virtual_time import run_virtual
 
 from adaptive.config import BatchConfig
 from adaptive.warmup import WarmupTracker
+from server.worker.admission import QueueLimit
 from server.worker.batching import DeadlineExceeded, DynamicBatcher, QueueFull, WorkerFailed
 from server.worker.runner import ModelledExecution, OutOfMemory
 
@@ -192,7 +193,9 @@ def test_out_of_memory_splits_until_it_runs_and_lowers_the_cap():
 
 def test_bounded_queue_sheds_and_deadline_expires_in_the_queue():
     async def scenario():
-        batcher = virtual(cold(), BatchConfig(64, 0.25), max_queue=3, warm_at_start=False)
+        batcher = virtual(
+            cold(), BatchConfig(64, 0.25), queue_limit=QueueLimit(max_queue=3), warm_at_start=False
+        )
         await batcher.start()
         late = asyncio.create_task(batcher.submit(0, deadline_s=0.0625))
         kept = [asyncio.create_task(batcher.submit(i)) for i in (1, 2)]

@@ -179,6 +179,24 @@ def test_config_writes_without_a_token_configured_are_refused():
     assert r.status_code == 403 and "none is configured" in r.json()["error"]
 
 
+def test_stats_say_what_bounds_the_queue():
+    """By default the SLO (before any batch: a full batch per instance); --max-queue N
+    a fixed count; --max-queue none nothing."""
+    from server.worker.admission import QueueLimit
+    from server.worker.cli import parse_queue_limit
+
+    cases = [(None, "slo", 8, 100.0), ("12", "fixed", 12, None), ("none", "none", None, None)]
+    for flag, rule, bound, slo_ms in cases:
+        limit = parse_queue_limit(flag, 0.1)
+        assert isinstance(limit, QueueLimit)
+        batcher = virtual(
+            cold(), BatchConfig(4, 0.0), instances=2, queue_limit=limit, warm_at_start=False
+        )
+        stats = TestClient(create_app(load_model("demo-cnn"), batcher)).get("/v1/stats").json()
+        assert (stats["queue_bound_rule"], stats["queue_bound"]) == (rule, bound), flag
+        assert (stats["slo_ms"], stats["service_rate_rps"]) == (slo_ms, None)
+
+
 def test_a_pooled_workers_config_belongs_to_its_controller():
     """In a pool, a local config would share its version number with the controller's
     different one; the worker answers 409, whatever the token, and keeps its config."""
@@ -206,6 +224,7 @@ def test_metrics_parse_with_the_prometheus_parser(worker):
         "tidal_worker_batch_fill_ratio",
         "tidal_worker_batch_execution_seconds",
         "tidal_worker_queue_depth",
+        "tidal_worker_queue_bound",
         "tidal_worker_config_max_batch_size",
         "tidal_worker_warmed_bucket",
         "tidal_worker_model_instances",
@@ -221,6 +240,7 @@ def test_metrics_parse_with_the_prometheus_parser(worker):
     ok = [s for s in families["tidal_worker_requests"].samples if s.labels.get("outcome") == "ok"]
     assert ok and ok[0].value >= 1
     assert [s.value for s in families["tidal_worker_ready"].samples] == [1.0]
+    assert [s.value for s in families["tidal_worker_queue_bound"].samples] == [500.0]
     assert "_created" not in text  # counters carry no creation-time twin
     errors = {s.labels["task"]: s.value for s in families["tidal_worker_background_errors"].samples}
     assert errors.keys() >= {"dispatch", "warm-up", "link-report"} and set(errors.values()) == {0}
@@ -279,6 +299,10 @@ BAD_COMMAND_LINES = {
     "--device: expected": ("worker", "--model", "no-such-model", "--device", "tpu"),
     "--device cuda": ("worker", "--model", "no-such-model", "--device", "cuda"),
     "--redis": ("worker", "--model", "no-such-model", "--redis", "notaurl"),
+    "--slo must be > 0": ("worker", "--model", "no-such-model", "--slo", "0"),
+    "--max-queue must be an integer >= 1 or none, got '0'": (
+        "worker", "--model", "no-such-model", "--max-queue", "0",
+    ),
     "--under-load http://127.0.0.1:9": (
         "profile", "--model", "no-such-model", "--under-load", "http://127.0.0.1:9",
     ),

@@ -114,6 +114,17 @@ class WorkerStats(BaseModel):
     warming: bool
     warmup_s: dict[str, float] = Field(description="seconds each bucket took to warm")
     queue_depth: int
+    queue_bound: int | None = Field(
+        description="the most requests that may wait now, past it 429 (null: unbounded)"
+    )
+    queue_bound_rule: str = Field(
+        description="slo: what service_rate_rps clears within slo_ms, at least a full batch "
+        "per instance; fixed: --max-queue; none: unbounded"
+    )
+    slo_ms: float | None = Field(description="--slo, when it bounds the queue")
+    service_rate_rps: float | None = Field(
+        description="requests per second the instances cleared over their last 32 batches"
+    )
     arrivals: int
     completed: int
     shed: int
@@ -369,4 +380,5 @@ def _stats(batcher: DynamicBatcher) -> dict[str, Any]:
         "ready": batcher.ready,
         "background_errors": dict(batcher.errors.counts),
         "padding_waste": s.padding_waste_sum / s.batches if s.batches else None,
+        **batcher.limits(),
     }

@@ -7,6 +7,9 @@ config change, a freed instance), answers 504 to every request whose deadline ha
 and hands each due batch to a model instance on a worker thread, so accepting requests
 never waits behind inference. One batch is in flight per instance.
 
+Admission follows a `QueueLimit` (server/worker/admission.py): by default none, the
+worker's command line bounds it from the SLO and the service rate measured here.
+
 Configs apply at the next batch formation; the queue is never touched, so nothing is
 dropped, duplicated or reordered. Raising the cap past the warmed buckets warms the
 missing buckets in the background (smallest first) while the old cap serves, as the
@@ -40,6 +43,7 @@ from adaptive.grouped import GroupedBatcher
 from adaptive.warmup import WarmupStatus, WarmupTracker, bucket_for
 from server.clock import LoopClock
 from server.tasks import BackgroundErrors, spawn
+from server.worker.admission import QueueLimit, ServiceRate
 from server.worker.runner import Execution, ModelRunner, OutOfMemory, ThreadedExecution
 from tidal_base.errors import TidalError
 
@@ -104,6 +108,7 @@ class BatcherStats:
 class DynamicBatcher:
     """Accepts requests, forms batches by the batching rule, runs them on model instances.
 
+    queue_limit: how many requests may wait (default: unbounded); past it, `QueueFull`.
     clock: where time comes from (default: the running event loop's).
     execution: how model calls are awaited (default: `runner` on `instances` threads).
     spin_s: how close to a deadline the loop yields instead of sleeping, because the
@@ -117,7 +122,7 @@ class DynamicBatcher:
         config: BatchConfig,
         *,
         instances: int = 1,
-        max_queue: int | None = None,
+        queue_limit: QueueLimit | None = None,
         warm_at_start: bool = True,
         padding_waste=None,
         group_key=None,
@@ -133,14 +138,16 @@ class DynamicBatcher:
         self.errors = BackgroundErrors()  # the link records its loops' failures here too
         self.config = config  # as asked; the batcher serves min(cap, warmed)
         self.version = 0
+        self.queue_limit = queue_limit if queue_limit is not None else QueueLimit()
+        self._service_rate = ServiceRate(instances)
         self.accepted_cap: int | None = None  # lowered after running out of memory
         self.failure: BaseException | None = None  # why the dispatch loop died, if it did
         self._padding_waste = padding_waste
         # With a group key (a length bucket), each group is batched on its own.
         self._batcher: Batcher[_Request] | GroupedBatcher[_Request] = (
-            Batcher(config, max_queue)
+            Batcher(config)
             if group_key is None
-            else GroupedBatcher(config, lambda request: group_key(request.item), max_queue)
+            else GroupedBatcher(config, lambda request: group_key(request.item))
         )
         # Measured warm-ups: nothing is warm yet, or (warm_at_start=False) the config's
         # buckets are taken as warm.
@@ -192,6 +199,26 @@ class DynamicBatcher:
         return len(self._batcher)
 
     @property
+    def service_rate_rps(self) -> float | None:
+        """Requests per second the instances cleared over their recent batches."""
+        return self._service_rate.rate_rps
+
+    @property
+    def queue_bound(self) -> int | None:
+        """The most requests that may wait now (None: unbounded); see `QueueLimit`."""
+        return self.queue_limit.bound(self.service_rate_rps, self.serving_cap * self.instances)
+
+    def limits(self) -> dict[str, Any]:
+        """The admission bound and what it is made of, for /v1/stats."""
+        rate = self.service_rate_rps
+        return {
+            "queue_bound": self.queue_bound,
+            "queue_bound_rule": self.queue_limit.rule,
+            "slo_ms": None if self.queue_limit.wait_s is None else self.queue_limit.wait_s * 1e3,
+            "service_rate_rps": None if rate is None else round(rate, 3),
+        }
+
+    @property
     def serving_cap(self) -> int:
         cap = min(self.config.max_batch_size, self._warm_status.warm_cap or 1)
         return min(cap, self.accepted_cap) if self.accepted_cap else cap
@@ -205,12 +232,20 @@ class DynamicBatcher:
         now = self.clock.now()
         request = _Request(item, asyncio.get_running_loop().create_future())
         self.stats.arrivals += 1
-        deadline_at = None if deadline_s is None else now + deadline_s
-        if not self._batcher.offer(request, now, deadline_at):
-            self.stats.shed += 1
-            raise QueueFull(f"queue full ({len(self._batcher)} waiting)")
+        self._answer_expired(now)  # an expired request's place is free from its deadline
+        self._admit()
+        self._batcher.offer(request, now, None if deadline_s is None else now + deadline_s)
         self._wake.set()
         return await request.future
+
+    def _admit(self) -> None:
+        """Shed (`QueueFull`) when the queue holds its bound already."""
+        bound = self.queue_bound
+        if bound is not None and len(self._batcher) >= bound:
+            self.stats.shed += 1
+            rate, floor = self.service_rate_rps, self.serving_cap * self.instances
+            explained = self.queue_limit.explain(rate, floor)
+            raise QueueFull(f"queue full ({len(self._batcher)} waiting, {explained})")
 
     def reconfigure(self, config: BatchConfig, version: int | None = None) -> None:
         """Apply from the next batch formation; warm missing buckets in the background,
@@ -361,6 +396,7 @@ class DynamicBatcher:
         s.batch_size_sum += len(batch)
         s.padded_size_sum += padded
         s.busy_s += execution_s
+        self._service_rate.record(len(batch), execution_s)
         if self._padding_waste is not None:
             s.padding_waste_sum += self._padding_waste([q.item.item for q in batch])
         if self.on_batch is not None:

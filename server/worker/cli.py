@@ -16,11 +16,14 @@ from pathlib import Path
 
 from adaptive.specs import PolicyContext, build_policy
 from server.api_token import TOKEN_ENV
+from server.worker.admission import QueueLimit
 from simulations.cli import duration_arg
 from tidal_base.errors import InvalidInput
 
 MAX_BODY_BYTES = 1 << 20
 """1 MiB: a demo-cnn input is 12 KB binary, about 60 KB as JSON."""
+SLO_S = 0.1
+"""As the controller's default, so a worker and its pool agree unless told otherwise."""
 CLIENT_TIMEOUT_S = 10.0
 """A slow client (one byte every few seconds) would otherwise hold a connection forever."""
 
@@ -38,7 +41,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         default="max_batch=32,timeout=10ms",
         help="starting batch config, e.g. max_batch=32,timeout=10ms (a bare number is seconds)",
     )
-    worker.add_argument("--max-queue", type=int, help="queue bound; past it requests get 429")
+    worker.add_argument(
+        "--slo",
+        type=duration_arg,
+        default=SLO_S,
+        help="the latency objective; by default the queue holds what the measured service "
+        f"rate clears within it, and sheds (429) past that (default {SLO_S * 1e3:g}ms)",
+    )
+    worker.add_argument(
+        "--max-queue",
+        metavar="N|none",
+        help="a fixed queue bound instead of the SLO's (past it requests get 429), or none "
+        "for an unbounded queue",
+    )
     worker.add_argument(
         "--instances", type=int, default=1, help="model instances (batches in flight)"
     )
@@ -96,21 +111,37 @@ def parse_config(text: str):
         raise InvalidInput(f"--config: {str(error).split(': ', 1)[-1]}") from None
 
 
+def parse_queue_limit(max_queue: str | None, slo_s: float) -> QueueLimit:
+    """`--max-queue N` (a fixed bound), `none` (unbounded), or absent (from `--slo`)."""
+    if not slo_s > 0:
+        raise InvalidInput(f"--slo must be > 0, got {slo_s:g}s")
+    if max_queue is None:
+        return QueueLimit(wait_s=slo_s)
+    if max_queue.strip().lower() == "none":
+        return QueueLimit()
+    try:
+        count = int(max_queue)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise InvalidInput(f"--max-queue must be an integer >= 1 or none, got {max_queue!r}")
+    return QueueLimit(max_queue=count)
+
+
 def run_worker(args: argparse.Namespace) -> int:
     """Check the cheap things first (one line and exit 2 for a mistake), then serve."""
     from server.worker.serve import serve  # torch, the web stack: only when serving
     from simulations.cli import warn_implausible_durations
 
     config = parse_config(args.config)
-    warn_implausible_durations("tidal worker", None, [("--config", config.timeout_s)])
+    warn_implausible_durations("tidal worker", args.slo, [("--config", config.timeout_s)])
     if args.instances < 1:
         raise InvalidInput(f"--instances must be >= 1, got {args.instances}")
-    if args.max_queue is not None and args.max_queue < 1:
-        raise InvalidInput(f"--max-queue must be >= 1, got {args.max_queue}")
+    queue_limit = parse_queue_limit(args.max_queue, args.slo)
     if not 0 <= args.frontends <= 64:
         raise InvalidInput(f"--frontends must be in 0..64, got {args.frontends}")
     if args.max_body_bytes < 1024:
         raise InvalidInput(f"--max-body-bytes must be >= 1024, got {args.max_body_bytes}")
     if not args.client_timeout > 0:
         raise InvalidInput(f"--client-timeout must be > 0, got {args.client_timeout:g}s")
-    return serve(args, config)
+    return serve(args, config, queue_limit)

@@ -7,6 +7,8 @@ at scrape time, so a scrape always sees the current state.
 
 from __future__ import annotations
 
+import math
+
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -96,6 +98,13 @@ class _StateCollector:
         info.add_metric([self.metrics.model], 1.0)
         yield info
         yield _gauge("tidal_worker_queue_depth", "Requests waiting.", b.queue_depth)
+        bound = b.queue_bound
+        yield _gauge(
+            "tidal_worker_queue_bound",
+            "Most requests that may wait (past it: 429): the SLO times the measured service "
+            "rate, at least a full batch per instance, or --max-queue; +Inf if unbounded.",
+            math.inf if bound is None else bound,
+        )
         yield _gauge(
             "tidal_worker_config_max_batch_size", "Batch cap asked for.", b.config.max_batch_size
         )

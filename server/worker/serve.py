@@ -19,6 +19,7 @@ from server import ports
 from server.api_token import TOKEN_ENV, api_token
 from server.bus.redis_bus import RedisBus, connect
 from server.http_edge import SMALL_BODY_BYTES, EdgeLimits, uvicorn_config
+from server.worker.admission import QueueLimit
 from server.worker.app import create_app
 from server.worker.batching import DynamicBatcher
 from server.worker.frontends import FrontendPool
@@ -30,7 +31,7 @@ from tidal_base.errors import InvalidInput
 log = logging.getLogger("tidal.worker")
 
 
-def serve(args: argparse.Namespace, config: BatchConfig) -> int:
+def serve(args: argparse.Namespace, config: BatchConfig, queue_limit: QueueLimit) -> int:
     """Everything that can fail on the user's input fails before the model loads."""
     device = parse_device(args.device)
     client = _redis_client(args.redis) if args.redis else None
@@ -42,7 +43,7 @@ def serve(args: argparse.Namespace, config: BatchConfig) -> int:
         runner,
         config,
         instances=args.instances,
-        max_queue=args.max_queue,
+        queue_limit=queue_limit,
         padding_waste=model.padding_waste,
         group_key=_group_key(model, args.group_by_length),
     )
