@@ -1,6 +1,6 @@
 """Any engine on the pool's bus: a config the engine refuses is reported, not retried,
-and the old config keeps serving; the controller sees which members refuse and which
-engines serve the pool.
+and the old config keeps serving; the controller sees which members refuse, which
+engines serve the pool, and which members are alive but not ready.
 
 In virtual time on the in-process bus, with an engine that serves nothing and refuses
 caps above its limit (the rule a Ray Serve deployment's `max_ongoing_requests` sets);
@@ -8,8 +8,11 @@ the real engines' tests (test_ray_serve.py, test_triton.py) prove it on them.
 """
 
 import asyncio
+import logging
 
+from prometheus_client.parser import text_string_to_metric_families
 from test_control_loop_shell import control_loop
+from test_controller_api import running
 from virtual_time import run_virtual
 
 from adaptive.bus import VersionedConfig, WorkerStats
@@ -83,3 +86,55 @@ def test_a_refused_config_is_reported_once_and_the_next_one_applies():
     assert seen["controller"] == ({"m": refusal}, {"capped": 1}, {"capped": 1.0})
     assert seen["after"] == (3, 2, {})  # a newer config applies; nobody refuses now
     assert errors == {}
+
+
+def test_the_controller_shows_which_members_are_alive_but_not_ready(caplog):
+    """Readiness on the wire: a member that says it is not ready is alive but not
+    ready in the pool's summary, its workers view and /metrics; one that does not say
+    (an older release, an engine without readiness) counts as ready; turning ready is
+    logged once."""
+
+    async def beat(bus, name, **info):
+        await bus.heartbeat("p", name, {"config_version": 0, **info}, ttl_s=30.0)
+
+    async def scenario():
+        bus = LocalPoolBus()
+        await beat(bus, "older")
+        await beat(bus, "warm", ready=True, not_ready=None)
+        await beat(bus, "warming", ready=False, not_ready="warming up (batch sizes warm so far: 1)")
+        async with running(bus) as (control, api):
+            ticks = control.loop.state.ticks
+            while control.loop.state.ticks < ticks + 2:
+                await asyncio.sleep(0.01)
+            summary = (await api.get("/v1/pools/p")).json()
+            workers = (await api.get("/v1/pools/p/workers")).json()["workers"]
+            metrics = (await api.get("/metrics")).text
+            await beat(bus, "warming", ready=True, not_ready=None)
+            ticks = control.loop.state.ticks
+            while control.loop.state.ticks < ticks + 2:
+                await asyncio.sleep(0.01)
+            after = (await api.get("/v1/pools/p")).json()
+        return summary, workers, metrics, after
+
+    with caplog.at_level(logging.INFO, logger="tidal.controller"):
+        summary, workers, metrics, after = asyncio.run(scenario())
+    warming = "warming up (batch sizes warm so far: 1)"
+    assert (summary["workers_alive"], summary["workers_ready"]) == (3, 2)
+    assert summary["workers_not_ready"] == {"warming": warming}
+    assert {w["name"]: w["ready"] for w in workers} == {
+        "older": True,
+        "warm": True,
+        "warming": False,
+    }
+    assert [w["not_ready"] for w in workers if w["name"] == "warming"] == [warming]
+    gauges = {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(metrics)
+        for sample in family.samples
+        if sample.name.startswith("tidal_controller_workers_")
+    }
+    assert gauges == {"tidal_controller_workers_alive": 3, "tidal_controller_workers_ready": 2}
+    assert (after["workers_ready"], after["workers_not_ready"]) == (3, {})
+    said = [r.getMessage() for r in caplog.records if r.name == "tidal.controller"]
+    assert said.count(f"p: warming not ready: {warming}") == 1
+    assert said.count("p: warming ready") == 1

@@ -7,10 +7,12 @@ tests run it on a real Redis, stopped and restarted, as proof of the real thing.
 
 import asyncio
 import logging
+import threading
 import time
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis_server import RedisProcess
+from test_control_loop_shell import control_loop
 from test_worker_batcher import EchoRunner, at, cold, virtual
 from virtual_time import run_virtual
 
@@ -273,3 +275,105 @@ def test_a_worker_that_begins_to_drain_leaves_the_pool_at_once_and_still_reports
     assert list(before) == ["w0"] and gone == {} and still_gone == {}
     assert served.output == 2  # what it held was answered
     assert sum(s.completed for s in stored) == 1  # and reported after leaving
+
+
+def test_a_worker_warming_its_starting_sizes_beats_as_not_ready_until_they_are_warm():
+    async def scenario():
+        bus = LocalPoolBus()
+        batcher = virtual(cold(), BatchConfig(4, 0.0), service_s=0.0625, warm_s=1.0)
+        await batcher.start()  # buckets 1, 2 and 4 warm one after another, done at 3 s
+        other, warm = await virtual_worker(bus, "w1")  # warm from the start
+        await at(0.5)
+        link = WorkerLink(batcher, bus, "pool", "w0", interval_s=1.0)
+        link.start()  # beats at 1.5, 2.5, 3.5 s: between the warm-ups, never at once
+        controller = control_loop(bus)
+        seen = {}
+        for instant in (1.75, 2.75, 3.75):
+            await at(instant)
+            await controller._read()
+            beat = (await bus.workers_alive("pool"))["w0"]
+            state = controller.state
+            seen[instant] = (beat["ready"], beat["not_ready"], state.workers_ready, state.not_ready)
+        served = await batcher.submit(5)  # served while it warmed, and after
+        await warm.stop()
+        await link.stop()
+        await batcher.drain()
+        await other.drain()
+        return seen, controller.state.workers_alive, served.output
+
+    seen, alive, output = run_virtual(scenario())
+    warming = "warming up (batch sizes warm so far: {})"
+    assert seen[1.75] == (False, warming.format(1), 1, {"w0": warming.format(1)})
+    assert seen[2.75] == (False, warming.format("1, 2"), 1, {"w0": warming.format("1, 2")})
+    assert seen[3.75] == (True, None, 2, {})
+    assert alive == 2 and output == 10
+
+
+def test_a_worker_whose_dispatch_loop_died_beats_as_not_ready():
+    async def scenario():
+        bus = LocalPoolBus()
+        batcher, link = await virtual_worker(bus)
+        await at(1.5)
+        ready_before = (await bus.workers_alive("pool"))["w0"]["ready"]
+
+        def broken_hook(_late_s):
+            raise ZeroDivisionError("a bug in a metrics hook")
+
+        batcher.on_dispatch = broken_hook
+        served = asyncio.create_task(batcher.submit(1))  # its batch launches, then the loop dies
+        await at(2.5)
+        beat = (await bus.workers_alive("pool"))["w0"]
+        await served
+        await link.stop()
+        await asyncio.wait_for(batcher.drain(), 5)
+        return ready_before, beat
+
+    ready_before, beat = run_virtual(scenario())
+    assert ready_before is True
+    assert beat["ready"] is False and beat["not_ready"].startswith("the dispatch loop died")
+
+
+def test_on_redis_a_controller_counts_a_warming_worker_alive_but_not_ready():
+    class HeldWarmUp(EchoRunner):
+        """Each bucket's warm-up waits until the test lets it finish."""
+
+        def __init__(self) -> None:
+            super().__init__(base_s=0.001)
+            self.release = threading.Event()
+
+        def warm(self, size):
+            self.release.wait(10)
+            return super().warm(size)
+
+    server = RedisProcess()
+    server.start()
+
+    async def scenario():
+        bus = RedisBus(connect(server.url))
+        runner = HeldWarmUp()
+        batcher = DynamicBatcher(runner, BatchConfig(4, 0.001))
+        await batcher.start()
+        link = WorkerLink(batcher, bus, "pool", "new", interval_s=0.05, heartbeat_ttl_s=0.5)
+        link.start()
+        # A worker of an older release: its heartbeat does not say whether it is ready.
+        await bus.heartbeat("pool", "old", {"config_version": 0}, ttl_s=30.0)
+        controller = control_loop(bus)
+        seen = []
+        for release in (False, True):
+            if release:
+                runner.release.set()
+            await until(lambda r=release: link.info()["ready"] is r)
+            await asyncio.sleep(0.15)  # a couple of beats
+            await controller._read()
+            state = controller.state
+            seen.append((state.workers_alive, state.workers_ready, dict(state.not_ready)))
+        await link.stop()
+        await batcher.drain()
+        return seen
+
+    try:
+        warming, warm = asyncio.run(scenario())
+    finally:
+        server.stop()
+    assert warming == (2, 1, {"new": "warming up (batch sizes warm so far: none)"})
+    assert warm == (2, 2, {})

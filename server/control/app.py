@@ -40,6 +40,7 @@ from adaptive.latency import profile_document
 from adaptive.learned_latency import PLANNED_SIZES
 from forecaster.events import event_to_dict, events_from_document
 from forecaster.series import epoch_seconds
+from server.control.loop import member_ready
 from server.control.metrics import ControllerMetrics
 from server.control.plane import InsufficientHistory, PoolControl
 from server.http_auth import TokenCheck
@@ -126,6 +127,8 @@ class PoolSummary(BaseModel):
     this_controller: ThisController
     ready: bool
     workers_alive: int
+    workers_ready: int = Field(description="alive and ready: warm, dispatching")
+    workers_not_ready: dict[str, str] = Field(description="alive but not ready, and why")
     desired_replicas: int | None
     slo_feasible: bool
     slo_infeasible_for_s: float | None
@@ -332,6 +335,7 @@ def create_app(
                     "name": name,
                     "heartbeat_age_s": round(now - info.get("time", now), 3),
                     **{k: v for k, v in info.items() if k != "time"},
+                    "ready": member_ready(info),  # an older worker's beat does not say
                     "last_stats": _stats(latest.get(name)),
                 }
                 for name, info in sorted(alive.items())
@@ -561,6 +565,8 @@ async def _summary(control: PoolControl) -> dict[str, Any]:
         "this_controller": {"name": control.holder, "leading": state.leader},
         "ready": state.ready,
         "workers_alive": state.workers_alive,
+        "workers_ready": state.workers_ready,
+        "workers_not_ready": state.not_ready,
         # A fleet that scales (--max-replicas): how many replicas the pool should have.
         "desired_replicas": controller.replicas,
         # False while the policy predicts no config meets the SLO (it holds its best).

@@ -56,6 +56,9 @@ class LoopState:
     version: int = 0  # of the config in force, as this controller knows it
     published_version: int = 0  # the last version this controller published
     workers_alive: int = 0
+    workers_ready: int = 0  # alive and ready: warm, dispatching (see `member_ready`)
+    # Members alive but not ready, by name: why (warming up, the dispatch loop died).
+    not_ready: dict[str, str] = field(default_factory=dict)
     last_tick_s: float = 0.0
     last_error: str | None = None
     errors: collections.Counter[str] = field(default_factory=collections.Counter)
@@ -68,6 +71,12 @@ class LoopState:
     engines: collections.Counter[str] = field(default_factory=collections.Counter)
     # Engines whose members reload for longer than the plan's --reload: kind -> seconds.
     unplanned_reloads: dict[str, float] = field(default_factory=dict)
+
+
+def member_ready(info: dict[str, Any]) -> bool:
+    """Whether a member's heartbeat says it is ready; one that does not say (an older
+    release, an engine that does not report readiness) counts as ready."""
+    return info.get("ready", True) is not False
 
 
 class TickFailed(Exception):
@@ -253,6 +262,23 @@ class ControlLoop:
                 )
         self.state.refusing = refusing
         self._check_change_costs(alive)
+        self._note_readiness(alive)
+
+    def _note_readiness(self, alive: dict[str, dict[str, Any]]) -> None:
+        """Which members are alive but not ready (logged as each changes): a worker
+        that warms its starting sizes would serve at a partial cap, one whose dispatch
+        loop died serves nothing, yet both still beat."""
+        not_ready = {
+            name: str(info.get("not_ready") or "not ready")
+            for name, info in alive.items()
+            if not member_ready(info)
+        }
+        for name in sorted(set(not_ready) | set(self.state.not_ready)):
+            now, before = not_ready.get(name), self.state.not_ready.get(name)
+            if now != before and (now is not None or name in alive):
+                log.info("%s: %s %s", self.pool, name, f"not ready: {now}" if now else "ready")
+        self.state.not_ready = not_ready
+        self.state.workers_ready = len(alive) - len(not_ready)
 
     def _check_change_costs(self, alive: dict[str, dict[str, Any]]) -> None:
         """A member whose engine reloads for a change the plan thinks free (no `--reload`)

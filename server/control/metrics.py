@@ -67,6 +67,11 @@ class _PoolCollector:
                 ("ready", "1 while the bus is reachable and ticks run."),
                 ("workers_alive", "Workers heartbeating in the pool."),
                 (
+                    "workers_ready",
+                    "Workers heartbeating and ready (warm, dispatch loop alive); below "
+                    "workers_alive while one warms up or cannot dispatch.",
+                ),
+                (
                     "members_refusing_config",
                     "Members whose engine refused a newer config and serve an older one.",
                 ),
@@ -140,6 +145,7 @@ class _PoolCollector:
                 "leader": float(state.leader),
                 "ready": float(state.ready),
                 "workers_alive": state.workers_alive,
+                "workers_ready": state.workers_ready,
                 "members_refusing_config": len(state.refusing),
             }
             for stage in sorted({*TICK_STAGES, *state.errors}):

@@ -47,5 +47,7 @@ class Engine(Protocol):
 
     def status(self) -> dict[str, Any]:
         """Levels the pool's API shows with the heartbeat: at least `queue_depth`,
-        `serving_max_batch` and `warmed_buckets` (a list, or None if not modelled)."""
+        `serving_max_batch` and `warmed_buckets` (a list, or None if not modelled);
+        optionally `ready` (False while the engine cannot take its share of traffic)
+        and `not_ready` (why). Without `ready` the member counts as ready."""
         ...

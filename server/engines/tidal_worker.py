@@ -3,6 +3,8 @@
 A config applies at once (the batcher reconfigures between batches); raising the cap
 warms the missing buckets, measured, while the old cap serves, so the change cost is a
 warm-up per bucket: the mean of the warm-ups this worker has measured (0 until one ran).
+Its status says whether it is ready, as its /readyz does: not while the starting
+config's buckets warm (it would serve at a partial cap) or once its dispatch loop died.
 """
 
 from __future__ import annotations
@@ -39,8 +41,20 @@ class TidalWorkerEngine:
         return self.collector.collect()
 
     def status(self) -> dict[str, Any]:
+        not_ready = self.not_ready()
         return {
+            "ready": not_ready is None,
+            "not_ready": not_ready,
             "warmed_buckets": list(self.batcher.warmed_buckets),
             "queue_depth": self.batcher.queue_depth,
             "serving_max_batch": self.batcher.serving_cap,
         }
+
+    def not_ready(self) -> str | None:
+        """Why the worker cannot take its share of traffic, or None when it can."""
+        if not self.batcher.ready:
+            return f"the dispatch loop died ({self.batcher.failure!r})"
+        if not self.batcher.warmed_up:
+            warm = ", ".join(map(str, self.batcher.warmed_buckets)) or "none"
+            return f"warming up (batch sizes warm so far: {warm})"
+        return None

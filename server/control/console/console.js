@@ -158,6 +158,7 @@ function drawFacts(s) {
   const last = s.last_decision || {};
   const inputs = last.inputs || {};
   const mode = s.mode + (s.mode_reason ? `: ${s.mode_reason}` : "");
+  const notReady = Object.entries(s.workers_not_ready || {}).map(([name, why]) => `${name}: ${why}`);
   const pinned = s.override ? `${config(s.override)} until ${clock(s.override.until)}` : "none";
   $("#facts").innerHTML = [
     fact("config in force", esc(config(s.config))),
@@ -170,6 +171,7 @@ function drawFacts(s) {
     fact("SLO ms", num(s.slo_ms, 0)),
     fact("SLO feasible", s.slo_feasible ? "yes" : `<span class="bad">no, for ${num(s.slo_infeasible_for_s, 0)} s</span>`),
     fact("workers alive", s.workers_alive),
+    fact("workers ready", notReady.length ? `<span class="bad">${s.workers_ready} (${esc(notReady.join("; "))})</span>` : s.workers_ready),
     fact("desired replicas", s.desired_replicas ?? "fixed fleet"),
     fact("leader", esc(s.leader ?? "none")),
     fact("ready", s.ready ? "yes" : `<span class="bad">no: ${esc(s.last_error)}</span>`),
