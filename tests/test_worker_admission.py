@@ -103,6 +103,7 @@ def test_an_overload_is_shed_at_once_and_what_is_served_waits_about_the_slo():
         "queue_bound_rule": "slo",
         "slo_ms": 125.0,
         "service_rate_rps": 128.0,
+        "memory_max_batch": None,
     }
 
 

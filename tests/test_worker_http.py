@@ -129,6 +129,12 @@ def test_bad_inputs_are_422_naming_the_field(worker):
     assert r.status_code == 422 and r.json()["field"] == "input"
     r = httpx.put(f"{worker}/v1/config", json={"max_batch": 0, "timeout_ms": 1}, headers=AUTH)
     assert r.status_code == 422 and r.json()["field"] == "max_batch"
+    # The case: 65536 would warm every bucket to 8192 and keep gigabytes resident.
+    huge = {"max_batch": 65536, "timeout_ms": 1}
+    r = httpx.put(f"{worker}/v1/config", json=huge, headers=AUTH)
+    assert r.status_code == 422 and r.json()["field"] == "max_batch"
+    assert r.json()["error"].startswith("max_batch must be <= 6239, the largest batch that fits")
+    assert httpx.get(f"{worker}/v1/stats").json()["memory_max_batch"] == 6239
 
 
 def test_nan_inputs_bad_deadline_headers_and_coerced_configs_are_422(worker):
@@ -225,6 +231,7 @@ def test_metrics_parse_with_the_prometheus_parser(worker):
         "tidal_worker_batch_execution_seconds",
         "tidal_worker_queue_depth",
         "tidal_worker_queue_bound",
+        "tidal_worker_memory_max_batch_size",
         "tidal_worker_config_max_batch_size",
         "tidal_worker_warmed_bucket",
         "tidal_worker_model_instances",
@@ -300,6 +307,9 @@ BAD_COMMAND_LINES = {
     "--device cuda": ("worker", "--model", "no-such-model", "--device", "cuda"),
     "--redis": ("worker", "--model", "no-such-model", "--redis", "notaurl"),
     "--slo must be > 0": ("worker", "--model", "no-such-model", "--slo", "0"),
+    "--memory-budget must be a size": (
+        "worker", "--model", "no-such-model", "--memory-budget", "lots",
+    ),
     "--max-queue must be an integer >= 1 or none, got '0'": (
         "worker", "--model", "no-such-model", "--max-queue", "0",
     ),

@@ -6,7 +6,8 @@ Per batch size, after warm-up: mean and p99 execution time and throughput. Memor
 parameter bytes, and activation bytes per sample (on CUDA the peak allocated above the
 parameters; on CPU the sum of every module's output tensors, an upper bound on what a
 forward pass holds). The largest feasible batch is `(device memory - parameters) /
-per-sample activations`, with `--memory-budget` standing in for device memory on CPU.
+per-sample activations`, with `--memory-budget` standing in for device memory on CPU:
+measured by `server.worker.memory`, as the worker measures the bound on its caps.
 The JSON loads directly into `simulate --latency-model profile.json` and the controller.
 
     tidal profile --model demo-cnn --under-load http://127.0.0.1:8001 --out served.json
@@ -22,9 +23,10 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
-from adaptive.latency import parse_latency_model
+from adaptive.latency import MemoryLimit, parse_latency_model
+from server.worker.cli import MEMORY_BUDGET
+from server.worker.memory import PROBE_BATCH, measure_memory
 from server.worker.models import ServedModel, load_model
 from server.worker.runner import TorchRunner, parse_device
 from tidal_base.errors import InvalidInput
@@ -42,7 +44,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     profile.add_argument("--batch-sizes", default=DEFAULT_SIZES, help=f"default {DEFAULT_SIZES}")
     profile.add_argument("--seq-len", type=int, help="token count for demo-text inputs")
     profile.add_argument(
-        "--memory-budget", default="8GiB", help="device memory on CPU (default 8GiB)"
+        "--memory-budget",
+        default=MEMORY_BUDGET,
+        help=f"device memory on CPU (default {MEMORY_BUDGET})",
     )
     profile.add_argument(
         "--runs", type=int, default=20, help="timed runs per batch size (default 20)"
@@ -103,32 +107,6 @@ def measure(runner: TorchRunner, inputs: list, runs: int) -> np.ndarray:
     return np.array(times)
 
 
-def activation_bytes(model: ServedModel, inputs: list, device: torch.device) -> int:
-    """Bytes of every module's outputs in one forward pass (an upper bound on CPU)."""
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-        base = torch.cuda.memory_allocated(device)
-        TorchRunner(model, str(device)).run(inputs, len(inputs))
-        return int(torch.cuda.max_memory_allocated(device) - base)
-    total = 0
-
-    def count(_module, _args, output):
-        nonlocal total
-        for tensor in output if isinstance(output, tuple) else (output,):
-            if isinstance(tensor, torch.Tensor):
-                total += tensor.numel() * tensor.element_size()
-
-    leaves = [m for m in model.module.modules() if not list(m.children())]
-    hooks = [m.register_forward_hook(count) for m in leaves]
-    try:
-        with torch.inference_mode():
-            model.module(*model.collate(inputs, len(inputs)))
-    finally:
-        for hook in hooks:
-            hook.remove()
-    return total
-
-
 def run_profile(args: argparse.Namespace) -> int:
     if args.under_load is not None:
         return _run_under_load(args)
@@ -141,16 +119,13 @@ def run_profile(args: argparse.Namespace) -> int:
     device = parse_device(args.device)
     model = load_model(args.model)
     runner = TorchRunner(model, str(device))
+    probe = max(sizes[0], min(PROBE_BATCH, sizes[-1]))
+    # First: a budget the parameters do not fit in fails before the timing runs.
+    memory = measure_memory(model, runner.device, budget, _inputs(model, probe, args.seq_len))
     points = []
     for size in sizes:
         times = measure(runner, _inputs(model, size, args.seq_len), args.runs)
         points.append((size, float(times.mean()), float(np.quantile(times, 0.99))))
-    parameters = sum(p.numel() * p.element_size() for p in model.module.parameters())
-    probe = max(sizes[0], min(8, sizes[-1]))
-    per_sample = activation_bytes(model, _inputs(model, probe, args.seq_len), runner.device) / probe
-    device_bytes = (
-        torch.cuda.get_device_properties(0).total_memory if runner.device.type == "cuda" else budget
-    )
     document = {
         "model": model.name,
         "device": str(runner.device),
@@ -159,12 +134,12 @@ def run_profile(args: argparse.Namespace) -> int:
             for b, m, p in points
         ],
         "memory": {
-            "device_bytes": int(device_bytes),
-            "parameter_bytes": int(parameters),
-            "activation_bytes_per_sample": int(per_sample),
+            "device_bytes": memory.device_bytes,
+            "parameter_bytes": memory.parameter_bytes,
+            "activation_bytes_per_sample": memory.activation_bytes_per_sample,
         },
     }
-    print(_table(points, document["memory"]))
+    print(_table(points, memory))
     if args.out is not None:
         _write(args.out, document)
         model_check = parse_latency_model(str(args.out))  # what simulate will load
@@ -208,7 +183,7 @@ def _run_under_load(args: argparse.Namespace) -> int:
     return 0
 
 
-def _table(points: list[tuple[int, float, float]], memory: dict | None) -> str:
+def _table(points: list[tuple[int, float, float]], memory: MemoryLimit | None) -> str:
     base_throughput = points[0][0] / points[0][1]
     lines = [f"{'batch':>6} {'mean ms':>9} {'p99 ms':>9} {'req/s':>10} {'vs batch 1':>10}"]
     for size, mean, p99 in points:
@@ -223,12 +198,10 @@ def _table(points: list[tuple[int, float, float]], memory: dict | None) -> str:
     lines.append(f"linear fit: linear:{max(intercept, 0):.3f},{max(slope, 0):.4f} (ms)")
     if memory is None:  # measured under load: memory is the in-process profile's job
         return "\n".join(lines)
-    free = memory["device_bytes"] - memory["parameter_bytes"]
-    largest = free // max(memory["activation_bytes_per_sample"], 1)
     lines.append(
-        f"parameters {memory['parameter_bytes'] / 2**20:.1f} MiB, activations "
-        f"{memory['activation_bytes_per_sample'] / 2**20:.2f} MiB/sample: largest feasible batch "
-        f"{largest:,}"
+        f"parameters {memory.parameter_bytes / 2**20:.1f} MiB, activations "
+        f"{memory.activation_bytes_per_sample / 2**20:.2f} MiB/sample: largest feasible batch "
+        f"{memory.max_batch_size:,}"
     )
     return "\n".join(lines)
 

@@ -56,6 +56,7 @@ from server.worker.cli import MAX_BODY_BYTES
 from server.worker.frontends import FrontendPool
 from server.worker.inference import Answer, InferRequest, answer, parse_request
 from server.worker.link import WorkerLink
+from server.worker.memory import describe_memory
 from server.worker.metrics import WorkerMetrics
 from server.worker.models import ServedModel
 from tidal_base.errors import InvalidInput
@@ -108,7 +109,8 @@ class WorkerStats(BaseModel):
     config: ConfigInForce
     serving_max_batch: int = Field(description="the largest batch served now (warm sizes)")
     accepted_max_batch: int | None = Field(
-        description="the largest batch known to fit in memory (null: no OOM yet)"
+        description="the largest batch accepted: memory_max_batch, lowered after an "
+        "out-of-memory (null: no bound)"
     )
     warmed_buckets: list[int]
     warming: bool
@@ -124,6 +126,10 @@ class WorkerStats(BaseModel):
     slo_ms: float | None = Field(description="--slo, when it bounds the queue")
     service_rate_rps: float | None = Field(
         description="requests per second the instances cleared over their last 32 batches"
+    )
+    memory_max_batch: int | None = Field(
+        description="the largest batch the model's memory allows, measured at start "
+        "(--memory-budget on CPU); a config above it is refused here, clamped from a pool"
     )
     arrivals: int
     completed: int
@@ -348,8 +354,25 @@ def _standalone_config_endpoint(
             config = BatchConfig(body.max_batch, body.timeout_ms / 1e3, body.warm_max_batch)
         except InvalidInput as error:
             return error_response(422, str(error), "config")
+        if (refused := _over_memory(body, batcher)) is not None:
+            return refused
         batcher.reconfigure(config, batcher.version + 1)
         return _stats(batcher)
+
+
+def _over_memory(body: ConfigRequest, batcher: DynamicBatcher) -> JSONResponse | None:
+    """422 for a cap the model's memory cannot hold: warming it would allocate until it
+    failed (a pool's controller is clamped instead: it cannot be answered)."""
+    bound = batcher.memory_max_batch
+    for field, value in (("max_batch", body.max_batch), ("warm_max_batch", body.warm_max_batch)):
+        if bound is not None and value > bound:
+            return error_response(
+                422,
+                f"{field} must be <= {bound}, the largest batch that fits in memory "
+                f"({describe_memory(batcher.memory)}), got {value}",
+                field,
+            )
+    return None
 
 
 def _stats(batcher: DynamicBatcher) -> dict[str, Any]:

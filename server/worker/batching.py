@@ -17,9 +17,12 @@ simulator's warm-up model says; batches run padded to the smallest warmed bucket
 Warm-up follows `adaptive.warmup.WarmupTracker`, the simulator's state machine, fed the
 measured warm-ups: raising warms the missing buckets one after another, lowering is
 instant and releases the buckets above the new warm target (an abandoned warm-up is
-cancelled). A batch that runs out of memory is split in half and retried until it runs;
-a bucket that runs out of memory while warming ends the warm-up; either way the cap the
-worker accepts is lowered to what ran (or warmed).
+cancelled). Given the model's memory limit (server/worker/memory.py), the cap the worker
+accepts starts at the largest batch that fits: a config asking more (from the pool's
+controller) is clamped to it and said once in the log, and the top bucket is padded and
+warmed only up to it, as the simulator clamps its caps. A batch that runs out of memory
+is split in half and retried until it runs; a bucket that runs out of memory while
+warming ends the warm-up; either way the accepted cap is lowered to what ran (or warmed).
 
 Time comes from a `Clock` (the event loop's, by default) and model calls go through an
 `Execution` (threads, by default), so under a virtual-time loop with a modelled
@@ -40,10 +43,12 @@ from adaptive.batcher import Batcher, Queued
 from adaptive.clock import Clock
 from adaptive.config import BatchConfig
 from adaptive.grouped import GroupedBatcher
+from adaptive.latency import MemoryLimit
 from adaptive.warmup import WarmupStatus, WarmupTracker, bucket_for
 from server.clock import LoopClock
 from server.tasks import BackgroundErrors, spawn
 from server.worker.admission import QueueLimit, ServiceRate
+from server.worker.memory import describe_memory
 from server.worker.runner import Execution, ModelRunner, OutOfMemory, ThreadedExecution
 from tidal_base.errors import TidalError
 
@@ -109,6 +114,7 @@ class DynamicBatcher:
     """Accepts requests, forms batches by the batching rule, runs them on model instances.
 
     queue_limit: how many requests may wait (default: unbounded); past it, `QueueFull`.
+    memory: the model's memory limit, which bounds every cap (default: none known).
     clock: where time comes from (default: the running event loop's).
     execution: how model calls are awaited (default: `runner` on `instances` threads).
     spin_s: how close to a deadline the loop yields instead of sleeping, because the
@@ -123,6 +129,7 @@ class DynamicBatcher:
         *,
         instances: int = 1,
         queue_limit: QueueLimit | None = None,
+        memory: MemoryLimit | None = None,
         warm_at_start: bool = True,
         padding_waste=None,
         group_key=None,
@@ -140,7 +147,10 @@ class DynamicBatcher:
         self.version = 0
         self.queue_limit = queue_limit if queue_limit is not None else QueueLimit()
         self._service_rate = ServiceRate(instances)
-        self.accepted_cap: int | None = None  # lowered after running out of memory
+        self.memory = memory
+        # What fits in memory; lowered after running out of memory all the same.
+        self.accepted_cap: int | None = self.memory_max_batch
+        self._clamp_logged = False
         self.failure: BaseException | None = None  # why the dispatch loop died, if it did
         self._padding_waste = padding_waste
         # With a group key (a length bucket), each group is batched on its own.
@@ -208,14 +218,20 @@ class DynamicBatcher:
         """The most requests that may wait now (None: unbounded); see `QueueLimit`."""
         return self.queue_limit.bound(self.service_rate_rps, self.serving_cap * self.instances)
 
+    @property
+    def memory_max_batch(self) -> int | None:
+        """The largest batch the model's memory allows (None: no limit known)."""
+        return None if self.memory is None else self.memory.max_batch_size
+
     def limits(self) -> dict[str, Any]:
-        """The admission bound and what it is made of, for /v1/stats."""
+        """The admission bound and what it is made of, and the memory bound, for /v1/stats."""
         rate = self.service_rate_rps
         return {
             "queue_bound": self.queue_bound,
             "queue_bound_rule": self.queue_limit.rule,
             "slo_ms": None if self.queue_limit.wait_s is None else self.queue_limit.wait_s * 1e3,
             "service_rate_rps": None if rate is None else round(rate, 3),
+            "memory_max_batch": self.memory_max_batch,
         }
 
     @property
@@ -253,8 +269,24 @@ class DynamicBatcher:
         self.config = config
         if version is not None:
             self.version = version
+        self._say_clamped_once(config)
         self._request_warm_target()
         self._apply_serving_config()
+
+    def _say_clamped_once(self, config: BatchConfig) -> None:
+        """A config above the memory bound is served clamped to it (`accepted_cap`); the
+        log says so the first time, /v1/stats every time (a controller may ask each tick)."""
+        bound = self.memory_max_batch
+        if bound is None or self._clamp_logged or config.warm_target <= bound:
+            return
+        self._clamp_logged = True
+        log.warning(
+            "config %s asks for batches above what memory allows: clamped to %d, %s (said "
+            "once: see accepted_max_batch in /v1/stats)",
+            config.describe(),
+            bound,
+            describe_memory(self.memory),
+        )
 
     async def drain(self) -> None:
         """Stop accepting, finish everything queued and in flight."""
@@ -422,7 +454,12 @@ class DynamicBatcher:
 
     def _padded_size(self, size: int) -> int:
         bucket = bucket_for(size)
-        return bucket if bucket <= max(self._warm_status.warm_cap, 1) else size
+        return self._bounded(bucket) if bucket <= max(self._warm_status.warm_cap, 1) else size
+
+    def _bounded(self, bucket: int) -> int:
+        """A bucket as it runs: the top one stops at the memory bound (6239 of 8192)."""
+        bound = self.memory_max_batch
+        return bucket if bound is None else min(bucket, bound)
 
     # -- warm-up -------------------------------------------------------------------
 
@@ -451,7 +488,7 @@ class DynamicBatcher:
             while self._warm_status.warming:
                 bucket = self._warm_status.warming[0]
                 try:
-                    seconds = await self._execution.warm(bucket)
+                    seconds = await self._execution.warm(self._bounded(bucket))
                 except OutOfMemory as error:
                     self._warm_out_of_memory(bucket, error)
                     return

@@ -19,9 +19,12 @@ from server.api_token import TOKEN_ENV
 from server.worker.admission import QueueLimit
 from simulations.cli import duration_arg
 from tidal_base.errors import InvalidInput
+from tidal_base.units import parse_size_bytes
 
 MAX_BODY_BYTES = 1 << 20
 """1 MiB: a demo-cnn input is 12 KB binary, about 60 KB as JSON."""
+MEMORY_BUDGET = "8GiB"
+"""What stands for device memory on CPU when bounding caps (as `tidal profile`'s)."""
 SLO_S = 0.1
 """As the controller's default, so a worker and its pool agree unless told otherwise."""
 CLIENT_TIMEOUT_S = 10.0
@@ -53,6 +56,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         metavar="N|none",
         help="a fixed queue bound instead of the SLO's (past it requests get 429), or none "
         "for an unbounded queue",
+    )
+    worker.add_argument(
+        "--memory-budget",
+        default=MEMORY_BUDGET,
+        help="device memory on CPU: caps are bounded by the largest batch the model fits in "
+        f"it, measured at start as tidal profile does (default {MEMORY_BUDGET})",
     )
     worker.add_argument(
         "--instances", type=int, default=1, help="model instances (batches in flight)"
@@ -138,10 +147,13 @@ def run_worker(args: argparse.Namespace) -> int:
     if args.instances < 1:
         raise InvalidInput(f"--instances must be >= 1, got {args.instances}")
     queue_limit = parse_queue_limit(args.max_queue, args.slo)
+    memory_budget = parse_size_bytes(args.memory_budget, field="--memory-budget")
+    if memory_budget <= 0:
+        raise InvalidInput(f"--memory-budget must be > 0, got {args.memory_budget!r}")
     if not 0 <= args.frontends <= 64:
         raise InvalidInput(f"--frontends must be in 0..64, got {args.frontends}")
     if args.max_body_bytes < 1024:
         raise InvalidInput(f"--max-body-bytes must be >= 1024, got {args.max_body_bytes}")
     if not args.client_timeout > 0:
         raise InvalidInput(f"--client-timeout must be > 0, got {args.client_timeout:g}s")
-    return serve(args, config, queue_limit)
+    return serve(args, config, queue_limit, memory_budget)

@@ -115,6 +115,13 @@ class _StateCollector:
         yield _gauge(
             "tidal_worker_serving_max_batch_size", "Cap served (warmed, memory).", b.serving_cap
         )
+        memory = b.memory_max_batch
+        yield _gauge(
+            "tidal_worker_memory_max_batch_size",
+            "The largest batch the model's memory allows, measured at start (caps above it "
+            "are refused or clamped); +Inf if no bound is known.",
+            math.inf if memory is None else memory,
+        )
         warmed = GaugeMetricFamily(
             "tidal_worker_warmed_bucket", "1 for each warmed batch-size bucket.", labels=["size"]
         )

@@ -15,6 +15,7 @@ import socket
 import uvicorn
 
 from adaptive.config import BatchConfig
+from adaptive.latency import MemoryLimit
 from server import ports
 from server.api_token import TOKEN_ENV, api_token
 from server.bus.redis_bus import RedisBus, connect
@@ -24,6 +25,7 @@ from server.worker.app import create_app
 from server.worker.batching import DynamicBatcher
 from server.worker.frontends import FrontendPool
 from server.worker.link import WorkerLink
+from server.worker.memory import describe_memory, measure_memory
 from server.worker.models import load_model
 from server.worker.runner import TorchRunner, parse_device
 from tidal_base.errors import InvalidInput
@@ -31,7 +33,9 @@ from tidal_base.errors import InvalidInput
 log = logging.getLogger("tidal.worker")
 
 
-def serve(args: argparse.Namespace, config: BatchConfig, queue_limit: QueueLimit) -> int:
+def serve(
+    args: argparse.Namespace, config: BatchConfig, queue_limit: QueueLimit, memory_budget: int
+) -> int:
     """Everything that can fail on the user's input fails before the model loads."""
     device = parse_device(args.device)
     client = _redis_client(args.redis) if args.redis else None
@@ -39,11 +43,13 @@ def serve(args: argparse.Namespace, config: BatchConfig, queue_limit: QueueLimit
     listening = listen(args.host, args.port)
     model = load_model(args.model)
     runner = TorchRunner(model, str(device), compile=args.compile)
+    memory = measure_memory_bound(model, runner.device, memory_budget, args.memory_budget)
     batcher = DynamicBatcher(
         runner,
         config,
         instances=args.instances,
         queue_limit=queue_limit,
+        memory=memory,
         padding_waste=model.padding_waste,
         group_key=_group_key(model, args.group_by_length),
     )
@@ -67,6 +73,22 @@ def serve(args: argparse.Namespace, config: BatchConfig, queue_limit: QueueLimit
         config = uvicorn_config(app, args.client_timeout, uds=frontends.api_path)
         _DrainingServer(config).run()
     return 0
+
+
+def measure_memory_bound(model, device, budget_bytes: int, budget_flag: str) -> MemoryLimit:
+    """The largest batch the model fits (one probe forward pass: milliseconds), logged;
+    a model whose parameters do not fit is one line naming the flag."""
+    try:
+        memory = measure_memory(model, device, budget_bytes)
+    except InvalidInput as error:
+        where = f"--memory-budget {budget_flag}" if device.type == "cpu" else f"--device {device}"
+        raise InvalidInput(f"{where}: {model.name} does not fit: {error}") from None
+    log.info(
+        "memory: batches of up to %d fit, %s; caps above it are refused or clamped",
+        memory.max_batch_size,
+        describe_memory(memory),
+    )
+    return memory
 
 
 def _group_key(model, wanted: bool):
