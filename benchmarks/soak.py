@@ -1,13 +1,14 @@
 """Soak: one worker at a steady load for minutes, its resident memory sampled throughout.
 
-A real `tidal worker --model demo-cnn` (standalone, CPU) takes open-loop Poisson load at
-`--rate` req/s (binary bodies, `tidal loadgen`'s client in this process) for `--minutes`;
-the worker's RSS is read from /proc every `--every` seconds. Reported: RSS at the first
-sample (the worker warm, the load just begun), at the end, its maximum, and its slope
-(least squares, MiB per hour) over the whole run and over its second half, where a
-leak shows and start-up growth does not; requests sent and failed; latency.
+A real `tidal worker --model demo-cnn` (CPU; standalone, or with `--pooled` in a pool on
+a private redis-server, no controller, its link reporting every second) takes open-loop
+Poisson load at `--rate` req/s (binary bodies, `tidal loadgen`'s client in this process)
+for `--minutes`; the worker's RSS is read from /proc every `--every` seconds. Reported:
+RSS at the first sample (the worker warm, the load just begun), at the end, its maximum,
+and its slope (least squares, MiB per hour) over the whole run and over its second half,
+where a leak shows and start-up growth does not; requests sent and failed; latency.
 
-    PYTHONPATH=. python benchmarks/soak.py [--minutes 10] [--rate 50] [--every 10]
+    PYTHONPATH=. python benchmarks/soak.py [--minutes 10] [--rate 50] [--every 10] [--pooled]
 
 Prints a table of the samples and the figures; the last line is one JSON object.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import socket
@@ -117,6 +119,7 @@ def figures(samples: list[tuple[float, int]], summary: dict, args) -> dict:
         "benchmark": "soak",
         "minutes": args.minutes,
         "rate_rps": args.rate,
+        "pooled": args.pooled,
         "requests": summary["requests"],
         "ok": summary["ok"],
         "failed": summary["requests"] - summary["ok"],
@@ -149,16 +152,27 @@ def print_table(result: dict) -> None:
 def soak(args) -> dict:
     model = load_model("demo-cnn")
     payloads, content_type = encode_payloads(model, "binary")
-    process, url = start_worker("--model", "demo-cnn")
-    try:
+    with contextlib.ExitStack() as stack:
+        pooled = []
+        if args.pooled:  # a private redis-server; the worker reports to it every second
+            url = stack.enter_context(redis_server())
+            pooled = ["--redis", url, "--pool", "soak", "--name", "soak"]
+        process, url = start_worker("--model", "demo-cnn", *pooled)
+        stack.callback(process.wait, 30)
+        stack.callback(process.terminate)
         times = poisson_times(args.rate, args.minutes * 60, args.seed)
         load = Load(url, times, payloads, content_type)
         load.start()
         samples = sample_rss(process.pid, load, args.every)
-    finally:
-        process.terminate()
-        process.wait(30)
     return figures(samples, summarise(load.results, args.minutes * 60), args)
+
+
+def redis_server():
+    """The tests' private redis-server (free port, no disk): one way to start it."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from redis_server import redis_server as server
+
+    return server()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -167,6 +181,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=50.0, help="req/s, Poisson")
     parser.add_argument("--every", type=float, default=10.0, help="seconds between samples")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--pooled",
+        action="store_true",
+        help="the worker in a pool on a private redis-server (its link reports each second)",
+    )
     args = parser.parse_args(argv)
     result = soak(args)
     print_table(result)
