@@ -11,8 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 from playwright.sync_api import sync_playwright
-from processes import start_controller, stop, wait_for
-from redis_server import free_port
+from processes import free_ports, start_controller, stop, wait_for
 
 POOL = "promo"
 TOKEN = "console-s3cret"
@@ -23,9 +22,8 @@ CHROMIUM = "/usr/bin/chromium"
 def controller(tmp_path_factory):
     folder = tmp_path_factory.mktemp("console")
     (folder / "token").write_text(TOKEN)
-    api_port, worker_port = free_port(), free_port()
-    while abs(worker_port - api_port) < 3:
-        worker_port = free_port()
+    api_port = free_ports(3)  # the API, then its two local workers
+    worker_port = api_port + 1
     process = start_controller(
         [
             "--redis", "none", "--pool", POOL, "--policy", "predictive:step=2s",
@@ -40,7 +38,8 @@ def controller(tmp_path_factory):
     trace.write_text("timestamp,count\n" + "".join(f"{s},20\n" for s in range(200)))
     load = None
     try:
-        wait_for(lambda: httpx.get(f"{api}/readyz").status_code == 200, 90, "the controller")
+        ready = lambda: httpx.get(f"{api}/readyz").status_code == 200  # noqa: E731
+        wait_for(ready, 90, "the controller", process=process, log=folder / "controller.log")
         load = subprocess.Popen(
             [
                 sys.executable, "-m", "server.cli", "loadgen", "--trace", str(trace),
