@@ -674,3 +674,31 @@ def test_a_worker_is_warmed_up_once_its_starting_buckets_are_and_stays_so():
         return seen
 
     assert run_virtual(scenario()) == [False, False, False, True, (True, True)]
+
+
+def test_a_batcher_keeps_stats_windows_only_for_a_collector_that_takes_them():
+    """A standalone worker has no pool link to empty its windows: it keeps none (the
+    soak found them growing about 100 bytes a request); a collector's are exact."""
+    from server.worker.reporter import StatsCollector
+
+    async def serve(batcher, count):
+        await batcher.start()
+        for i in range(count):
+            batcher.record_ingress(0.001)
+            await batcher.submit(i)
+        await batcher.drain()
+
+    standalone = virtual(cold(), BatchConfig(1, 0.0), service_s=0.01, warm_at_start=False)
+    run_virtual(serve(standalone, 50))
+    assert standalone.take_window() == ([], {})
+    assert standalone.take_ingress_window() == [] and standalone.take_execution_window() == {}
+
+    async def collected(batcher, count):
+        collector = StatsCollector(batcher, "w", window_s=1.0)
+        await serve(batcher, count)
+        return collector.collect()
+
+    pooled = virtual(cold(), BatchConfig(1, 0.0), service_s=0.01, warm_at_start=False)
+    stats = run_virtual(collected(pooled, 50))
+    assert stats.completed == 50 and sum(n for _, n in stats.latency_buckets) == 50
+    assert pooled.take_window() == ([], {})  # taken

@@ -179,6 +179,9 @@ class DynamicBatcher:
         # The starting config's buckets are warm (until then the worker is not ready: it
         # would serve at a partial cap); later warm-ups ahead of a spike do not count.
         self.warmed_up = False
+        # Per-request windows for a pool's StatsCollector, kept only once one collects
+        # (`keep_windows`): a standalone worker would grow them by ~100 bytes a request.
+        self._keeping_windows = False
         self._window_latencies: list[float] = []  # since the last take_window()
         self._window_batches: dict[int, int] = {}
         self._window_execution: dict[int, list[float]] = {}  # padded size -> seconds
@@ -302,6 +305,12 @@ class DynamicBatcher:
             await asyncio.wait(set(self._warm_tasks))
         self._execution.close()
 
+    def keep_windows(self) -> None:
+        """Keep the windows that `take_window`, `take_ingress_window` and
+        `take_execution_window` return, from now on; whoever calls this takes them
+        regularly (without it none are kept: nothing would ever empty them)."""
+        self._keeping_windows = True
+
     def take_window(self) -> tuple[list[float], dict[int, int]]:
         """Latencies (queue wait + execution) and batch sizes since the last call."""
         window = self._window_latencies, self._window_batches
@@ -311,7 +320,8 @@ class DynamicBatcher:
     def record_ingress(self, seconds: float) -> None:
         """How long one request took from the worker's socket to `submit` (the HTTP
         layer's queue and parsing, which the batcher's own latencies do not see)."""
-        self._window_ingress.append(seconds)
+        if self._keeping_windows:
+            self._window_ingress.append(seconds)
 
     def take_ingress_window(self) -> list[float]:
         """Ingress seconds recorded since the last call."""
@@ -420,6 +430,14 @@ class DynamicBatcher:
             return
         self._complete(batch, outputs, padded, dispatched_at, self.clock.now() - started)
 
+    def _record_window(
+        self, batch, padded: int, dispatched_at: float, execution_s: float
+    ) -> None:
+        self._window_batches[len(batch)] = self._window_batches.get(len(batch), 0) + 1
+        self._window_execution.setdefault(padded, []).append(execution_s)
+        done_at = dispatched_at + execution_s
+        self._window_latencies.extend(done_at - q.arrived_at for q in batch)
+
     def _complete(
         self, batch, outputs, padded: int, dispatched_at: float, execution_s: float
     ) -> None:
@@ -433,10 +451,8 @@ class DynamicBatcher:
             s.padding_waste_sum += self._padding_waste([q.item.item for q in batch])
         if self.on_batch is not None:
             self.on_batch(len(batch), self.serving_cap, execution_s)
-        self._window_batches[len(batch)] = self._window_batches.get(len(batch), 0) + 1
-        self._window_execution.setdefault(padded, []).append(execution_s)
-        done_at = dispatched_at + execution_s
-        self._window_latencies.extend(done_at - q.arrived_at for q in batch)
+        if self._keeping_windows:
+            self._record_window(batch, padded, dispatched_at, execution_s)
         for queued, output in zip(batch, outputs, strict=True):
             s.completed += 1
             if not queued.item.future.done():

@@ -37,6 +37,7 @@ class StatsCollector:
         self.clock = clock if clock is not None else batcher.clock
         self._last = (0, 0, 0, 0.0)  # arrivals, completed, shed, busy seconds
         self._window_started_at: float | None = None
+        batcher.keep_windows()
 
     def begin(self) -> None:
         """Start the first window now."""
