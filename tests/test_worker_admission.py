@@ -44,15 +44,28 @@ def test_a_bad_queue_limit_names_its_field(fields, message):
         QueueLimit(**fields)
 
 
-def test_the_service_rate_is_requests_over_execution_seconds_of_the_last_batches():
-    rate = ServiceRate(instances=2, window=2)
+def test_the_service_rate_is_what_the_best_batch_size_of_the_last_batches_clears():
+    rate = ServiceRate(instances=2, window=3)
     assert rate.rate_rps is None
     rate.record(8, 0.0625)
-    assert rate.rate_rps == 256.0  # two instances side by side
+    assert rate.rate_rps == 256.0  # 8 in 62.5 ms, two instances side by side
     rate.record(4, 0.0625)
-    assert rate.rate_rps == 192.0  # 12 requests in 0.125 s, times 2
+    assert rate.rate_rps == 256.0  # a half batch clears 64 req/s: not the best size
     rate.record(8, 0.125)
-    assert rate.rate_rps == 2 * 12 / 0.1875  # the first batch left the window
+    assert rate.rate_rps == 2 * 16 / 0.1875  # batches of 8: 16 requests in 187.5 ms
+    rate.record(4, 0.03125)
+    assert rate.rate_rps == 2 * 8 / 0.09375  # the first 8 left; fours now clear the most
+
+
+def test_small_batches_at_light_load_do_not_shrink_the_bound_below_what_full_ones_clear():
+    """The fault that found it: cap 2, 40 ms a batch whatever its size, 15 req/s. Mostly
+    single requests ran (the served rate 27 req/s: bound 3 at a 100 ms SLO, and a Poisson
+    burst of 4 was shed at 30% load); pairs clear 50 req/s, and the bound is 5."""
+    rate = ServiceRate(instances=1)
+    for size in [1, 1, 2, 1, 1, 1, 2, 1]:
+        rate.record(size, 0.04)
+    assert rate.rate_rps == 50.0
+    assert QueueLimit(wait_s=0.1).bound(rate.rate_rps, floor=2) == 5
 
 
 CAP, SERVICE_S, SLO_S = 8, 0.0625, 0.125

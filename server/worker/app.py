@@ -125,7 +125,8 @@ class WorkerStats(BaseModel):
     )
     slo_ms: float | None = Field(description="--slo, when it bounds the queue")
     service_rate_rps: float | None = Field(
-        description="requests per second the instances cleared over their last 32 batches"
+        description="requests per second the instances clear at the best batch size of "
+        "their last 32 batches"
     )
     memory_max_batch: int | None = Field(
         description="the largest batch the model's memory allows, measured at start "

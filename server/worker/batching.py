@@ -430,9 +430,7 @@ class DynamicBatcher:
             return
         self._complete(batch, outputs, padded, dispatched_at, self.clock.now() - started)
 
-    def _record_window(
-        self, batch, padded: int, dispatched_at: float, execution_s: float
-    ) -> None:
+    def _record_window(self, batch, padded: int, dispatched_at: float, execution_s: float) -> None:
         self._window_batches[len(batch)] = self._window_batches.get(len(batch), 0) + 1
         self._window_execution.setdefault(padded, []).append(execution_s)
         done_at = dispatched_at + execution_s
