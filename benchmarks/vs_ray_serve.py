@@ -6,7 +6,8 @@ time, all on 127.0.0.1:
 
 - `ray-serve`: `@serve.batch(16, 10 ms)` (examples/ray_serve_static.py) behind Serve's
   HTTP proxy, on a local Ray cluster (Ray is a benchmark-only extra);
-- `tidal`: `tidal worker --config max_batch=16,timeout=10ms`, the same static config;
+- `tidal`: `tidal worker --config max_batch=16,timeout=10ms --slo 200ms`, the same static
+  config (`--slo`: the bound the runs are judged by, from which the worker bounds its queue);
 - `tidal-predictive`: the same worker in a pool on a private redis-server, steered by
   `tidal controller --policy predictive` (its latency model: the model-alone profile at
   the same thread setting, below);
@@ -226,12 +227,16 @@ def _ray_app(threads: int):
     )
 
 
-def worker_command(variant: WorkerVariant, port: int, redis_url: str | None) -> list[str]:
-    """`tidal worker` as this benchmark runs it: the static config, then the variant's
-    flags, then the pool when steered."""
+def worker_command(
+    variant: WorkerVariant, port: int, redis_url: str | None, slo_ms: float
+) -> list[str]:
+    """`tidal worker` as this benchmark runs it: the static config and the SLO the runs are
+    judged by (the worker sheds past what it clears within it; Ray Serve never sheds),
+    then the variant's flags, then the pool when steered."""
     command = [
         sys.executable, "-m", "server.cli", "worker", "--model", "demo-cnn",
-        "--host", "127.0.0.1", "--port", str(port), "--config", STATIC, *variant.args,
+        "--host", "127.0.0.1", "--port", str(port), "--config", STATIC,
+        "--slo", f"{slo_ms:g}ms", *variant.args,
     ]  # fmt: skip
     if redis_url is not None:
         command += ["--redis", redis_url, "--pool", POOL]
@@ -258,7 +263,7 @@ def tidal_up(variant: WorkerVariant, threads: int, profile: Path, bench: Bench, 
             command = controller_command(redis_url, free_port(), profile, bench.slo_ms)
             log = work / f"controller-{threads}.log"
             controller = stack.enter_context(_process(command, env, log, "controller", labels))
-        command = worker_command(variant, free_port(), redis_url)
+        command = worker_command(variant, free_port(), redis_url, bench.slo_ms)
         log = work / f"{variant.name}-{threads}.log"
         worker = stack.enter_context(_process(command, env, log, "worker", labels))
         wait_for(lambda: _get(worker, "/readyz").status_code == 200, 120, "the worker")
