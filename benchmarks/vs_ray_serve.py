@@ -11,7 +11,9 @@ time, all on 127.0.0.1:
 - `tidal-predictive`: the same worker in a pool on a private redis-server, steered by
   `tidal controller --policy predictive` (its latency model: the model-alone profile at
   the same thread setting, below);
-- any `--worker-variant NAME=ARGS` (say `frontends1=--frontends 1`): the worker with
+- `tidal-frontends1`: the same static worker with `--frontends 1` (HTTP and decoding in
+  a front-end process, batches and the model in the model process);
+- any `--worker-variant NAME=ARGS` (say `frontends2=--frontends 2`): the worker with
   those flags added; a NAME ending in `-predictive` runs steered.
 
 Each server runs at each `--threads` setting (torch intra-op threads: the worker's
@@ -39,7 +41,7 @@ figure, the machine's limit).
 
     PYTHONPATH=. python benchmarks/vs_ray_serve.py            # 10-15 minutes
     PYTHONPATH=. python benchmarks/vs_ray_serve.py --quick    # 2-3 minutes, 1 repeat
-    PYTHONPATH=. python benchmarks/vs_ray_serve.py --worker-variant "frontends1=--frontends 1"
+    PYTHONPATH=. python benchmarks/vs_ray_serve.py --worker-variant "frontends2=--frontends 2"
 
 Prints the runs as they go, then tables; the last line is one JSON object with every
 figure. The client shares the cores with the server (its CPU per request is printed), and
@@ -93,7 +95,9 @@ class WorkerVariant:
 WORKER_VARIANTS = (
     WorkerVariant("tidal"),
     WorkerVariant("tidal-predictive", steered=True),
-    # One line per variant, e.g. WorkerVariant("tidal-frontends1", ("--frontends", "1")),
+    # The decoupled worker: one front-end process parses and decodes, the model process
+    # batches. One more line per variant to compare (or --worker-variant NAME=ARGS).
+    WorkerVariant("tidal-frontends1", ("--frontends", "1")),
 )
 
 
