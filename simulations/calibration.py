@@ -39,20 +39,30 @@ def performance_table(
     routing: Routing = Routing.SHARED,
     seed: int = 0,
     cached: bool = True,
+    threads: int | None = None,
 ) -> PerformanceTable:
     """The table for one pool; `padded` when batches run padded to warmed buckets.
     `cached=False` for a model that will not recur (one learned from serving): the
-    process-wide cache would otherwise keep every table a long-running controller built."""
+    process-wide cache would otherwise keep every table a long-running controller built.
+    `threads` sweeps configs on that many cores (None: all); each config has its own seed,
+    so the table is the same whatever the count."""
     key = (latency.describe(), workers, slo_s, padded, routing, seed)
+    threads = threads or os.cpu_count() or 1
     if not cached:
-        return _TABLES.get(key) or _compile(latency, workers, slo_s, padded, routing, seed)
+        return _TABLES.get(key) or _compile(latency, workers, slo_s, padded, routing, seed, threads)
     if key not in _TABLES:
-        _TABLES[key] = _compile(latency, workers, slo_s, padded, routing, seed)
+        _TABLES[key] = _compile(latency, workers, slo_s, padded, routing, seed, threads)
     return _TABLES[key]
 
 
 def _compile(
-    latency: LatencyModel, workers: int, slo_s: float, padded: bool, routing: Routing, seed: int
+    latency: LatencyModel,
+    workers: int,
+    slo_s: float,
+    padded: bool,
+    routing: Routing,
+    seed: int,
+    threads: int,
 ) -> PerformanceTable:
     caps = _caps(latency)
     full_batch_s = latency.mean_s(caps.astype(np.float64))  # powers of two: padding is a no-op
@@ -72,8 +82,8 @@ def _compile(
             latency, settings, BatchConfig(cap, timeout_s), rates, capacity[cap], seeds[index]
         )
 
-    # The kernel releases the GIL: configs sweep on all cores.
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as executor:
+    # The kernel releases the GIL: configs sweep on `threads` cores.
+    with ThreadPoolExecutor(max_workers=threads) as executor:
         rows = np.stack(list(executor.map(sweep, range(len(configs)))))
     p99, mean, busy = rows[:, 0], rows[:, 1], rows[:, 2]
     return PerformanceTable(

@@ -155,3 +155,22 @@ def test_a_prediction_carries_the_config_asked_for_not_one_cached_before():
     optimizer = ConfigOptimizer(tiny_table(), slo_s=0.05)
     optimizer.predict(BatchConfig(8, 0.005, 32), 100.0)
     assert optimizer.predict(BatchConfig(8, 0.005), 100.0).config == BatchConfig(8, 0.005)
+
+
+def test_a_table_is_the_same_on_one_core_as_on_every_core():
+    """The live controller rebuilds on one core beside its workers: the table it gets is
+    the one every core would compile (each config sweeps on its own seed)."""
+    latency = LinearLatency(base_s=0.004, per_item_s=0.0005)
+    one, every = (
+        performance_table(latency, 1, 0.05, padded=False, cached=False, threads=threads)
+        for threads in (1, 4)
+    )
+    for name in (
+        "rates_rps",
+        "caps",
+        "timeouts_s",
+        "p99_s",
+        "mean_latency_s",
+        "busy_per_request_s",
+    ):
+        np.testing.assert_array_equal(getattr(one, name), getattr(every, name))

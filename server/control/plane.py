@@ -239,10 +239,14 @@ class PoolControl:
     # -- building --------------------------------------------------------------------
 
     def _compile_table(self, latency: LatencyModel, workers: int, slo_s: float):
-        """The optimiser's table for a (learned) latency model, as the plan compiles it."""
+        """The optimiser's table for a (learned) latency model, as the plan compiles it:
+        a rebuild while the pool serves, so on one core (the old table plans meanwhile); on
+        every core it took both of a 2-core machine for 3-4 s, beside the workers."""
         plan = self.plan
         padded = plan.warmup_s > 0
-        return performance_table(latency, workers, slo_s, padded, plan.routing, cached=False)
+        return performance_table(
+            latency, workers, slo_s, padded, plan.routing, cached=False, threads=1
+        )
 
     def policy_context(self) -> PolicyContext:
         plan = self.plan
