@@ -302,11 +302,59 @@ def test_a_worker_warming_its_starting_sizes_beats_as_not_ready_until_they_are_w
         return seen, controller.state.workers_alive, served.output
 
     seen, alive, output = run_virtual(scenario())
-    warming = "warming up (batch sizes warm so far: {})"
-    assert seen[1.75] == (False, warming.format(1), 1, {"w0": warming.format(1)})
-    assert seen[2.75] == (False, warming.format("1, 2"), 1, {"w0": warming.format("1, 2")})
+    warming = "warming up (batch sizes warm so far: {0}; serving cap {1})"
+    first, second = warming.format(1, 1), warming.format("1, 2", 2)
+    assert seen[1.75] == (False, first, 1, {"w0": first})
+    assert seen[2.75] == (False, second, 1, {"w0": second})
     assert seen[3.75] == (True, None, 2, {})
     assert alive == 2 and output == 10
+
+
+class Frontends:
+    """Front ends as the worker's readiness sees them (`server.worker.readiness.Frontends`):
+    the test connects them one by one, as a starting FrontendPool's processes do."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.connected = 0
+
+    @property
+    def ready(self) -> bool:
+        return self.connected == self.count
+
+    def summary(self) -> list[dict]:
+        return [{"connected": i < self.connected} for i in range(self.count)]
+
+
+def test_a_worker_beats_as_not_ready_until_every_front_end_is_connected():
+    """As its /readyz answers: the controller counts it alive, and ready only once the
+    front ends that take its port are all up."""
+
+    async def scenario():
+        bus = LocalPoolBus()
+        batcher = virtual(cold(), BatchConfig(4, 0.0), service_s=0.0625, warm_at_start=False)
+        await batcher.start()
+        frontends = Frontends(2)
+        link = WorkerLink(batcher, bus, "pool", "w0", interval_s=1.0, frontends=frontends)
+        link.start()  # beats at 0, 1, 2, 3 s
+        controller = control_loop(bus)
+        seen = []
+        for connected in (0, 1, 2):  # one more connected before each beat from 1 s
+            frontends.connected = connected
+            await at(1.25 + connected)
+            await controller._read()
+            state = controller.state
+            seen.append((state.workers_alive, state.workers_ready, dict(state.not_ready)))
+        await link.stop()
+        await batcher.drain()
+        return seen
+
+    starting = "front ends starting ({} of 2 connected)"
+    assert run_virtual(scenario()) == [
+        (1, 0, {"w0": starting.format(0)}),
+        (1, 0, {"w0": starting.format(1)}),
+        (1, 1, {}),
+    ]
 
 
 def test_a_worker_whose_dispatch_loop_died_beats_as_not_ready():
@@ -375,5 +423,5 @@ def test_on_redis_a_controller_counts_a_warming_worker_alive_but_not_ready():
         warming, warm = asyncio.run(scenario())
     finally:
         server.stop()
-    assert warming == (2, 1, {"new": "warming up (batch sizes warm so far: none)"})
+    assert warming == (2, 1, {"new": "warming up (batch sizes warm so far: none; serving cap 1)"})
     assert warm == (2, 2, {})

@@ -3,8 +3,9 @@
 A config applies at once (the batcher reconfigures between batches); raising the cap
 warms the missing buckets, measured, while the old cap serves, so the change cost is a
 warm-up per bucket: the mean of the warm-ups this worker has measured (0 until one ran).
-Its status says whether it is ready, as its /readyz does: not while the starting
-config's buckets warm (it would serve at a partial cap) or once its dispatch loop died.
+Its status says whether it is ready with the answer its /readyz gives
+(`server.worker.readiness`): not while the starting config's buckets warm (it would serve
+at a partial cap), while its front ends connect, or once its dispatch loop died.
 """
 
 from __future__ import annotations
@@ -14,14 +15,22 @@ from typing import Any
 from adaptive.bus import VersionedConfig, WorkerStats
 from adaptive.change_cost import ChangeCost
 from server.worker.batching import DynamicBatcher
+from server.worker.readiness import Frontends, not_ready
 from server.worker.reporter import StatsCollector, apply_if_newer
 
 
 class TidalWorkerEngine:
     kind = "tidal-worker"
 
-    def __init__(self, batcher: DynamicBatcher, worker: str, window_s: float) -> None:
+    def __init__(
+        self,
+        batcher: DynamicBatcher,
+        worker: str,
+        window_s: float,
+        frontends: Frontends | None = None,
+    ) -> None:
         self.batcher = batcher
+        self.frontends = frontends
         self.collector = StatsCollector(batcher, worker, window_s)
 
     @property
@@ -52,9 +61,4 @@ class TidalWorkerEngine:
 
     def not_ready(self) -> str | None:
         """Why the worker cannot take its share of traffic, or None when it can."""
-        if not self.batcher.ready:
-            return f"the dispatch loop died ({self.batcher.failure!r})"
-        if not self.batcher.warmed_up:
-            warm = ", ".join(map(str, self.batcher.warmed_buckets)) or "none"
-            return f"warming up (batch sizes warm so far: {warm})"
-        return None
+        return not_ready(self.batcher, self.frontends)

@@ -59,6 +59,7 @@ from server.worker.link import WorkerLink
 from server.worker.memory import describe_memory
 from server.worker.metrics import WorkerMetrics
 from server.worker.models import ServedModel
+from server.worker.readiness import not_ready
 from tidal_base.errors import InvalidInput
 
 
@@ -267,26 +268,20 @@ def create_app(
         responses={
             200: {"model": Ready, "description": "serving, the starting sizes warm"},
             **error_responses(
-                when={503: "warming the starting config's batch sizes, or " + NOT_SERVING}
+                when={
+                    503: "warming the starting config's batch sizes, front ends connecting, "
+                    "or " + NOT_SERVING
+                }
             ),
         },
     )
     async def readyz() -> Any:
-        """Ready to take traffic: serving, and the starting config's sizes warm (a load
-        balancer that sent requests earlier would have them served at a partial cap)."""
-        if not batcher.ready:
-            return error_response(503, f"not serving: the dispatch loop died ({batcher.failure!r})")
-        if not batcher.warmed_up:
-            warm = ", ".join(map(str, batcher.warmed_buckets)) or "none"
-            return error_response(
-                503,
-                f"warming up: batch sizes warm so far: {warm} (serving cap {batcher.serving_cap})",
-            )
-        if frontends is not None and not frontends.ready:
-            connected = sum(f["connected"] for f in frontends.summary())
-            return error_response(
-                503, f"front ends starting: {connected} of {frontends.count} connected"
-            )
+        """Ready to take traffic: serving, the starting config's sizes warm (a load
+        balancer that sent requests earlier would have them served at a partial cap) and
+        every front end connected."""
+        reason = not_ready(batcher, frontends)  # what the heartbeat says too
+        if reason is not None:
+            return error_response(503, f"not ready: {reason}")
         return {
             "status": "ready",
             "model": model.name,

@@ -11,6 +11,7 @@ from server.bus.protocols import WorkerBus
 from server.engines.member import PoolMember
 from server.engines.tidal_worker import TidalWorkerEngine
 from server.worker.batching import DynamicBatcher
+from server.worker.readiness import Frontends
 
 
 class WorkerLink(PoolMember):
@@ -23,9 +24,10 @@ class WorkerLink(PoolMember):
         interval_s: float = 1.0,
         heartbeat_ttl_s: float = 3.0,
         max_unsent: int = 3600,
+        frontends: Frontends | None = None,
     ) -> None:
         self.batcher = batcher
-        self.worker_engine = TidalWorkerEngine(batcher, worker, interval_s)
+        self.worker_engine = TidalWorkerEngine(batcher, worker, interval_s, frontends)
         super().__init__(
             self.worker_engine,
             bus,

@@ -53,18 +53,19 @@ def serve(
         padding_waste=model.padding_waste,
         group_key=_group_key(model, args.group_by_length),
     )
-    link = None
-    if client is not None:
-        bus = RedisBus(client, prefix=args.redis_prefix)
-        link = WorkerLink(batcher, bus, args.pool, args.name or f"{args.host}:{args.port}")
-    elif token is None:
-        log.warning("no API token (%s or --token-file): PUT /v1/config is refused", TOKEN_ENV)
     limits = EdgeLimits(SMALL_BODY_BYTES, {"/v1/infer": args.max_body_bytes}, args.client_timeout)
     frontends = None
     if args.frontends:
         frontends = FrontendPool(
             args.frontends, args.model, model.codec, listening, limits, args.client_timeout
         )
+    link = None
+    if client is not None:
+        bus = RedisBus(client, prefix=args.redis_prefix)
+        name = args.name or f"{args.host}:{args.port}"
+        link = WorkerLink(batcher, bus, args.pool, name, frontends=frontends)
+    elif token is None:
+        log.warning("no API token (%s or --token-file): PUT /v1/config is refused", TOKEN_ENV)
     app = create_app(model, batcher, link, token, limits=limits, frontends=frontends)
     if frontends is None:
         config = uvicorn_config(app, args.client_timeout, host=args.host, port=args.port)
