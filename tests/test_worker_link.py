@@ -310,6 +310,13 @@ def test_a_worker_warming_its_starting_sizes_beats_as_not_ready_until_they_are_w
     assert alive == 2 and output == 10
 
 
+async def readiness_seen(controller) -> tuple[int, int, dict[str, str]]:
+    """What the controller counts after reading the pool: alive, ready, and why not."""
+    await controller._read()
+    state = controller.state
+    return state.workers_alive, state.workers_ready, dict(state.not_ready)
+
+
 class Frontends:
     """Front ends as the worker's readiness sees them (`server.worker.readiness.Frontends`):
     the test connects them one by one, as a starting FrontendPool's processes do."""
@@ -342,9 +349,7 @@ def test_a_worker_beats_as_not_ready_until_every_front_end_is_connected():
         for connected in (0, 1, 2):  # one more connected before each beat from 1 s
             frontends.connected = connected
             await at(1.25 + connected)
-            await controller._read()
-            state = controller.state
-            seen.append((state.workers_alive, state.workers_ready, dict(state.not_ready)))
+            seen.append(await readiness_seen(controller))
         await link.stop()
         await batcher.drain()
         return seen
@@ -412,9 +417,7 @@ def test_on_redis_a_controller_counts_a_warming_worker_alive_but_not_ready():
                 runner.release.set()
             await until(lambda r=release: link.info()["ready"] is r)
             await asyncio.sleep(0.15)  # a couple of beats
-            await controller._read()
-            state = controller.state
-            seen.append((state.workers_alive, state.workers_ready, dict(state.not_ready)))
+            seen.append(await readiness_seen(controller))
         await link.stop()
         await batcher.drain()
         return seen
