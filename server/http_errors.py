@@ -138,7 +138,10 @@ def _http_error(request: Request, error: HTTPException) -> Response:
     if error.status_code in (204, 304):  # no body allowed
         return Response(status_code=error.status_code, headers=headers)
     message = str(error.detail)
-    if error.status_code == 404:
+    if error.status_code == 400 and isinstance(error.__cause__, UnicodeDecodeError):
+        # FastAPI's "There was an error parsing the body" says neither where nor what.
+        message = f"body: not UTF-8 ({error.__cause__})"
+    elif error.status_code == 404:
         message = f"no such path: {request.url.path}"
     elif error.status_code == 405:
         headers.pop("allow", None)

@@ -257,7 +257,11 @@ def test_a_json_body_that_is_not_utf8_is_400_in_the_one_shape():
         headers={**AUTH, "content-type": "application/json"},
     )
     assert r.status_code == 400
-    assert r.json() == {"error": "There was an error parsing the body", "field": None}
+    assert r.json() == {
+        "error": "body: not UTF-8 ('utf-8' codec can't decode byte 0xff in position 12: "
+        "invalid start byte)",
+        "field": None,
+    }
 
 
 def test_a_bad_parameter_or_header_is_named_as_the_client_spells_it():
