@@ -20,7 +20,7 @@ server's CPU per request (every process of the worker, from /proc, by process), 
 and p99, and the model's busy ratio. CPU per request is the step's cost: at a fixed rate
 it does not depend on how fast the machine is, only on what the server does per request.
 
-    PYTHONPATH=. python benchmarks/http_steps.py               # about 3 minutes
+    PYTHONPATH=. python benchmarks/http_steps.py               # about 4 minutes
 
 Prints each run as it goes, then a table; the last line is one JSON object with every
 figure.
@@ -29,7 +29,6 @@ figure.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import statistics
 import sys
@@ -39,39 +38,20 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from vs_ray_serve import (  # it puts tests/ (processes, redis_server) on the path
-    STATIC,
     LoadSettings,
     Run,
-    Target,
-    _get,
-    _process,
-    _threads_env,
-    _tidal_probe,
-    _url,
-    free_port,
+    WorkerVariant,
     measure,
-    wait_for,
+    tidal_up,
 )
 
 SWAP = str(Path(__file__).resolve().parent / "worker_uvicorn.py")
 
-
-@dataclass(frozen=True, slots=True)
-class Step:
-    """One HTTP path: uvicorn's protocol and loop swapped in (None: as the worker ships),
-    and flags added to the worker."""
-
-    name: str
-    http: str | None = None
-    loop: str | None = None
-    args: tuple[str, ...] = ()
-
-
 STEPS = (
-    Step("h11 + asyncio", "h11", "asyncio"),
-    Step("httptools + asyncio", "httptools", "asyncio"),
-    Step("httptools + uvloop"),
-    Step("+ 1 front end", args=("--frontends", "1")),
+    WorkerVariant("h11 + asyncio", launcher=(SWAP, "h11", "asyncio")),
+    WorkerVariant("httptools + asyncio", launcher=(SWAP, "httptools", "asyncio")),
+    WorkerVariant("httptools + uvloop"),
+    WorkerVariant("+ 1 front end", ("--frontends", "1")),
 )
 
 
@@ -87,47 +67,16 @@ class Settings:
     pause_s: float
 
 
-def worker_command(step: Step, port: int, slo_ms: float) -> list[str]:
-    head = [sys.executable, "-m", "server.cli", "worker"]
-    if step.http is not None:
-        head = [sys.executable, SWAP, step.http, step.loop or "asyncio"]
-    return [
-        *head, "--model", "demo-cnn", "--host", "127.0.0.1", "--port", str(port),
-        "--config", STATIC, "--slo", f"{slo_ms:g}ms", *step.args,
-    ]  # fmt: skip
-
-
-@contextlib.contextmanager
-def worker_up(step: Step, settings: Settings, work: Path):
-    """The step's worker, ready; yields its target."""
-    labels: dict[int, str] = {}
-    command = worker_command(step, free_port(), settings.slo_ms)
-    log = work / f"{step.name.replace(' ', '_').replace('+', '')}.log"
-    with _process(command, _threads_env(settings.threads), log, "worker", labels) as worker:
-        wait_for(lambda: _get(worker, "/readyz").status_code == 200, 120, "the worker")
-        base = _url(worker)
-        yield Target(f"{base}/v1/infer", lambda: _tidal_probe(base, labels))
-
-
-def run_step(step: Step, settings: Settings, work: Path) -> list[Run]:
+def run_step(step: WorkerVariant, settings: Settings, work: Path) -> list[Run]:
     runs: list[Run] = []
-    with worker_up(step, settings, work) as target:
+    judged = {"load": settings.load, "slo_ms": settings.slo_ms, "pause_s": settings.pause_s}
+    with tidal_up(step, settings.threads, None, settings.slo_ms, work) as target:
         for rate in settings.rates:
             for repeat in range(settings.repeats):
-                bench = _MeasureSettings(settings.load, settings.slo_ms, settings.pause_s)
-                run = measure(step.name, settings.threads, target, rate, repeat, bench)
+                run = measure(step.name, settings.threads, target, rate, repeat, **judged)
                 print(_line(run), flush=True)
                 runs.append(run)
     return runs
-
-
-@dataclass(frozen=True, slots=True)
-class _MeasureSettings:
-    """The three fields of vs_ray_serve.Bench that `measure` reads."""
-
-    load: LoadSettings
-    slo_ms: float
-    pause_s: float
 
 
 def _line(run: Run) -> str:
@@ -139,7 +88,7 @@ def _line(run: Run) -> str:
     )
 
 
-def summary(step: Step, runs: list[Run], rate: float) -> dict:
+def summary(step: WorkerVariant, runs: list[Run], rate: float) -> dict:
     """Medians over the step's repeats at one rate (and the CPU's spread)."""
     at = [r for r in runs if r.rate_rps == rate]
     cpu = [r.server_cpu_ms for r in at]

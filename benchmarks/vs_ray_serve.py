@@ -85,11 +85,14 @@ PASS_SHARE = 2 / 3  # of a rate's repeats that must pass for it to be sustained
 @dataclass(frozen=True, slots=True)
 class WorkerVariant:
     """`tidal worker` with `args` added to its command line; `steered`: in a pool under
-    `tidal controller --policy predictive`."""
+    `tidal controller --policy predictive`; `launcher`: a script (and its arguments) that
+    runs `tidal worker` in place of `python -m server.cli worker` (benchmarks/http_steps.py
+    swaps the worker's uvicorn setup with one)."""
 
     name: str
     args: tuple[str, ...] = ()
     steered: bool = False
+    launcher: tuple[str, ...] = ()
 
 
 WORKER_VARIANTS = (
@@ -237,8 +240,9 @@ def worker_command(
     """`tidal worker` as this benchmark runs it: the static config and the SLO the runs are
     judged by (the worker sheds past what it clears within it; Ray Serve never sheds),
     then the variant's flags, then the pool when steered."""
+    head = variant.launcher or ("-m", "server.cli", "worker")
     command = [
-        sys.executable, "-m", "server.cli", "worker", "--model", "demo-cnn",
+        sys.executable, *head, "--model", "demo-cnn",
         "--host", "127.0.0.1", "--port", str(port), "--config", STATIC,
         "--slo", f"{slo_ms:g}ms", *variant.args,
     ]  # fmt: skip
@@ -256,18 +260,21 @@ def controller_command(redis_url: str, port: int, profile: Path, slo_ms: float) 
 
 
 @contextlib.contextmanager
-def tidal_up(variant: WorkerVariant, threads: int, profile: Path, bench: Bench, work: Path):
-    """The worker (and, steered, Redis and the controller), ready; yields its target."""
+def tidal_up(variant: WorkerVariant, threads: int, profile: Path | None, slo_ms: float, work: Path):
+    """The worker (and, steered, Redis and the controller planning on `profile`), ready;
+    yields its target."""
     env = {**_threads_env(threads), "TIDAL_API_TOKEN": secrets.token_hex(16)}
     labels: dict[int, str] = {}
     with contextlib.ExitStack() as stack:
         redis_url = controller = None
         if variant.steered:
             redis_url = stack.enter_context(_redis(labels))
-            command = controller_command(redis_url, free_port(), profile, bench.slo_ms)
+            if profile is None:
+                raise ValueError(f"{variant.name}: a steered worker needs a latency profile")
+            command = controller_command(redis_url, free_port(), profile, slo_ms)
             log = work / f"controller-{threads}.log"
             controller = stack.enter_context(_process(command, env, log, "controller", labels))
-        command = worker_command(variant, free_port(), redis_url, bench.slo_ms)
+        command = worker_command(variant, free_port(), redis_url, slo_ms)
         log = work / f"{variant.name}-{threads}.log"
         worker = stack.enter_context(_process(command, env, log, "worker", labels))
         wait_for(lambda: _get(worker, "/readyz").status_code == 200, 120, "the worker")
@@ -339,11 +346,21 @@ def worker_metrics(base: str) -> dict[str, float]:
 
 
 def measure(
-    server: str, threads: int, target: Target, rate: float, repeat: int, bench: Bench
+    server: str,
+    threads: int,
+    target: Target,
+    rate: float,
+    repeat: int,
+    *,
+    load: LoadSettings,
+    slo_ms: float,
+    pause_s: float,
 ) -> Run:
-    load = run_load(target.request(), rate, bench.load, seed=repeat, probe=target.probe)
-    run = figures(server, threads, load, repeat, bench.slo_ms)
-    time.sleep(bench.pause_s if run.passed else 2 * bench.pause_s)  # queues drain between
+    """One run at `rate`, judged by `slo_ms`, then `pause_s` (twice that after a failed
+    run) for the server's queues to drain."""
+    done = run_load(target.request(), rate, load, seed=repeat, probe=target.probe)
+    run = figures(server, threads, done, repeat, slo_ms)
+    time.sleep(pause_s if run.passed else 2 * pause_s)
     return run
 
 
@@ -505,7 +522,10 @@ def sweep(server: str, threads: int, target: Target, bench: Bench) -> RateSearch
     print(f"-- {server}, {threads} torch thread{'s' * (threads > 1)}", flush=True)
     warm = LoadSettings(1.5, 0.5, bench.load.timeout_s)  # buckets, caches, connections
     run_load(target.request(), bench.ladder.common_rps, warm, seed=99)
-    search = RateSearch(lambda r, i: measure(server, threads, target, r, i, bench), bench.ladder)
+    settings = {"load": bench.load, "slo_ms": bench.slo_ms, "pause_s": bench.pause_s}
+    search = RateSearch(
+        lambda r, i: measure(server, threads, target, r, i, **settings), bench.ladder
+    )
     started = time.monotonic()
     search.search()
     runs = sum(len(runs) for runs in search.runs.values())
@@ -541,7 +561,7 @@ def run_all(bench: Bench, work: Path) -> tuple[list[dict], dict[tuple[str, int],
     for variant in (v for v in bench.variants if v.name in bench.servers):
         for threads in bench.threads:
             profile = work / f"profile-{threads}.json"
-            with tidal_up(variant, threads, profile, bench, work) as target:
+            with tidal_up(variant, threads, profile, bench.slo_ms, work) as target:
                 searches[variant.name, threads] = sweep(variant.name, threads, target, bench)
     return alone, searches
 
