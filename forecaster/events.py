@@ -242,9 +242,17 @@ def event_to_dict(event: Event) -> dict[str, object]:
     return document
 
 
+EVENT_KEYS = ("name", "start", "end", "multiplier", "rate_rps", "ramp_up", "ramp_down")
+"""The fields an event document may give (`event_to_dict` writes them)."""
+NOTE_KEYS = ("peak_rps",)
+"""Fields read and ignored: notes for people (`tidal trace promo-day` writes the rate it
+expects at each sale's peak)."""
+
+
 def _event(entry: object, where: str) -> Event:
     if not isinstance(entry, dict):
         raise InvalidInput(f"{where}: expected a mapping of fields")
+    _reject_unknown_keys(entry, where)
     try:
         name = str(entry.get("name", where))
         return Event(
@@ -262,6 +270,14 @@ def _event(entry: object, where: str) -> Event:
         if where in str(error):
             raise
         raise InvalidInput(f"{where}: {error}") from None
+
+
+def _reject_unknown_keys(entry: dict, where: str) -> None:
+    """A misspelt key (`ramp_upp`) would otherwise be ignored: refuse it by name."""
+    unknown = [key for key in entry if key not in EVENT_KEYS and key not in NOTE_KEYS]
+    if unknown:
+        known = ", ".join((*EVENT_KEYS, *NOTE_KEYS))
+        raise InvalidInput(f"{where}: unknown key {str(unknown[0])!r} (known: {known})")
 
 
 def _moment(value: object, where: str) -> float:

@@ -3,6 +3,7 @@ and the field, whether it comes as a value, an API document or a file."""
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -140,6 +141,26 @@ def test_events_file_errors_name_the_event(tmp_path):
     path.write_text("events:\n  - {name: a, start: 0, end: 10, multiplier: -2}\n")
     with pytest.raises(InvalidInput, match="event 'a': multiplier must be in"):
         load_events(path)
+
+
+def test_an_unknown_key_is_refused_naming_the_key_the_file_and_the_known_keys(tmp_path):
+    path = tmp_path / "events.yaml"
+    path.write_text(
+        "events:\n  - {name: a, start: 0, end: 600, multiplier: 2}\n"
+        "  - {name: b, start: 0, end: 600, multiplier: 2, ramp_upp: 90s}\n"
+    )
+    with pytest.raises(InvalidInput) as refused:
+        load_events(path)
+    assert str(refused.value) == (
+        f"{path}: event 2: unknown key 'ramp_upp' (known: name, start, end, multiplier, "
+        "rate_rps, ramp_up, ramp_down, peak_rps)"
+    )
+
+
+def test_the_generated_example_events_load_with_their_notes():
+    """`tidal trace promo-day` writes each sale's expected peak_rps, a note for people."""
+    events = load_events(Path(__file__).resolve().parent.parent / "examples/promo_day.events.yaml")
+    assert len(events) >= 3 and all(e.multiplier for e in events)
 
 
 SPECIAL = [NAN, INF, -INF, -1.0, 0.0, 1e-4, 1e-3, 1e3, 1e9, 2e9, 1e13]

@@ -319,3 +319,12 @@ def test_bare_numbers_are_seconds_said_in_help_and_warned_when_implausible(capsy
         "--slo 100 is 100 seconds (a bare number is seconds); for milliseconds write 100ms" in err
     )
     assert "a batch timeout of 20 s (a bare number is seconds)" in err
+
+
+def test_an_events_file_with_a_misspelt_key_is_refused(capsys, small_trace, tmp_path):
+    events = tmp_path / "events.yaml"
+    events.write_text("events:\n- {name: s, start: 10, end: 50, multiplier: 3, ramp_upp: 5s}\n")
+    assert main(["--trace", str(small_trace), "--events", str(events), "--json"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"simulate: error: {events}: event 1: unknown key 'ramp_upp' (known: ")
+    assert err.count("\n") == 1
