@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from adaptive.latency_fit import monotone_table
 from tidal_base.errors import InvalidInput
 from tidal_base.units import parse_size_bytes
 
@@ -254,9 +255,28 @@ def _table_from_document(document: dict, source: str) -> TableLatency:
         means = tuple(float(p["mean_ms"]) / 1e3 for p in points)
         has_p99 = all("p99_ms" in p for p in points)
         p99s = tuple(float(p["p99_ms"]) / 1e3 for p in points) if has_p99 else None
+        weights = tuple(float(p.get("batches", p.get("runs", 1))) for p in points)
     except (KeyError, TypeError, ValueError) as error:
         raise InvalidInput(f"{source}: each point needs batch_size and mean_ms ({error})") from None
-    return TableLatency(sizes, means, p99s, _memory_from_document(document, source), source)
+    memory = _memory_from_document(document, source)
+    TableLatency(sizes, means, p99s, memory, source)  # the measured points, validated as given
+    fitted_means, fitted_p99s = monotone_table(sizes, means, p99s, weights)
+    moved = _moved(sizes, (means, p99s), (fitted_means, fitted_p99s))
+    if moved:
+        source = f"{source} (monotone fit moved batch {', '.join(map(str, moved))})"
+    return TableLatency(sizes, fitted_means, fitted_p99s, memory, source)
+
+
+def _moved(sizes, measured, fitted) -> list[int]:
+    """The sizes whose mean or p99 the monotone fit changed by more than rounding."""
+    moved = set()
+    for before, after in zip(measured, fitted, strict=True):
+        if before is None:
+            continue
+        for size, b, a in zip(sizes, before, after, strict=True):
+            if abs(a - b) > 1e-6 * max(b, 1e-9):
+                moved.add(size)
+    return sorted(moved)
 
 
 def _memory_from_document(document: dict, source: str) -> MemoryLimit | None:

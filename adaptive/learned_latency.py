@@ -37,6 +37,7 @@ from adaptive.histogram import (
     add_buckets,
 )
 from adaptive.latency import LatencyModel, TableLatency, p99_s
+from adaptive.latency_fit import monotone_table
 from tidal_base.errors import InvalidInput
 
 PLANNED_SIZES = tuple(2**k for k in range(9))
@@ -259,7 +260,19 @@ class LatencyLearner:
         return SizeEstimate(size, mean, p99, 0.0, source)
 
     def _table(self, estimates: tuple[SizeEstimate, ...]) -> TableLatency:
-        values = tuple((e.batch_size, round(e.mean_s, 9), round(e.p99_s, 9)) for e in estimates)
+        # Monotone in batch size, as a loaded profile is: a size measured over few batches
+        # must not make the planner believe a larger batch is faster. Each size weighs its
+        # decayed batch count, and a size only the prior speaks for weighs one batch, so
+        # where the two disagree, what was measured moves least.
+        sizes = [e.batch_size for e in estimates]
+        weights = [e.batches + 1.0 for e in estimates]
+        means, p99s = monotone_table(
+            sizes, [e.mean_s for e in estimates], [e.p99_s for e in estimates], weights
+        )
+        assert p99s is not None
+        values = tuple(
+            (b, round(m, 9), round(p, 9)) for b, m, p in zip(sizes, means, p99s, strict=True)
+        )
         # The planner's tables are cached by description: it names the values it holds.
         digest = hashlib.sha1(repr(values).encode()).hexdigest()[:10]
         source = (
