@@ -206,16 +206,26 @@ class PredictivePolicy:
         warming = buckets_to_warm(snapshot.warm_cap, config.warm_target)
         if not warming:
             return serve
-        at_s, rate_rps = ahead[:2] if ahead is not None else (0.0, upper_now_rps)
+        if ahead is not None:
+            rate_rps = ahead[1]
+            load = f"forecast upper bound {_rate(rate_rps)} at +{max(ahead[0], 0):.0f} s"
+        elif now_rps > upper_now_rps:  # arriving above the band: the forecast lags
+            rate_rps = now_rps
+            load = (
+                f"forecast upper bound {_rate(upper_now_rps)} now, under the "
+                f"{_rate(now_rps)} arriving, which"
+            )
+        else:
+            rate_rps = upper_now_rps
+            load = f"forecast upper bound {_rate(rate_rps)} now"
         capacity_rps = self.optimizer.capacity_rps(snapshot.warm_cap)
-        if rate_rps > capacity_rps:
+        if _rate(rate_rps) == _rate(capacity_rps):  # "22.1k exceeds 22.1k" reads as a bug
+            why = f"reaches the most batch {snapshot.warm_cap} can serve"
+        elif rate_rps > capacity_rps:
             why = f"exceeds what batch {snapshot.warm_cap} can serve ({_rate(capacity_rps)})"
         else:
             why = f"is served most cheaply with batch {config.warm_target}"
-        return (
-            f"forecast upper bound {_rate(rate_rps)} at +{max(at_s, 0):.0f} s {why}; "
-            f"warming {_and(warming)} now; {serve}"
-        )
+        return f"{load} {why}; warming {_and(warming)} now; {serve}"
 
     def _look_ahead(
         self, snapshot: Snapshot, times_s: np.ndarray, upper_rps: np.ndarray, need: int
