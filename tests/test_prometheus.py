@@ -4,8 +4,10 @@ A real `prometheus` (Debian's package; its own config, port and data folder in a
 dir, on 127.0.0.1) scrapes a real controller and its two workers while a load
 generator keeps them busy; every PromQL expression of docs/grafana/tidal.json must then
 return data through Prometheus's HTTP API, so a renamed metric fails here instead of
-leaving a blank panel. The alerting rules pass `promtool check rules` and their unit
-tests (`promtool test rules`), and load into the running Prometheus.
+leaving a blank panel. Both processes' `/metrics` pass `promtool check metrics` (the
+exposition lint: counters end in `_total`, no `_bucket` or `_count` on what is not a
+histogram, help text, base units). The alerting rules pass `promtool check rules` and
+their unit tests (`promtool test rules`), and load into the running Prometheus.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -57,6 +60,15 @@ def dashboard_expressions() -> list[tuple[str, str]]:
         for target in panel.get("targets", [])
         if target.get("expr")
     ]
+
+
+@dataclass(frozen=True)
+class Scraped:
+    """The running Prometheus and the targets it scrapes."""
+
+    url: str
+    controller: str
+    workers: list[str]
 
 
 def substituted(expression: str) -> str:
@@ -139,7 +151,7 @@ def prometheus(tmp_path_factory):
         )  # fmt: skip
         url = f"http://127.0.0.1:{prometheus_port}"
         wait_for(lambda: len(query(url, "up == 1")) == 3, 60, "Prometheus scraping 3 targets")
-        yield url
+        yield Scraped(url, api, [f"http://{w}" for w in workers])
     finally:
         for process in reversed(processes):
             stop(process)
@@ -158,22 +170,51 @@ def test_every_dashboard_expression_returns_data(prometheus):
     deadline = time.monotonic() + 60  # the forecast, rates and decisions need some seconds
     for title, expression in expressions:
         promql = substituted(expression)
-        while not query(prometheus, promql) and time.monotonic() < deadline:
+        while not query(prometheus.url, promql) and time.monotonic() < deadline:
             time.sleep(1)
-        if not query(prometheus, promql):
+        if not query(prometheus.url, promql):
             missing[title] = promql
     assert not missing, f"panels without data: {json.dumps(missing, indent=1)}"
 
 
 def test_the_alerting_rules_load_and_evaluate_on_live_series(prometheus):
-    groups = httpx.get(f"{prometheus}/api/v1/rules", timeout=10).json()["data"]["groups"]
+    groups = httpx.get(f"{prometheus.url}/api/v1/rules", timeout=10).json()["data"]["groups"]
     rules = [rule for group in groups for rule in group["rules"]]
     assert {g["name"] for g in groups} == {"tidal-slo", "tidal-control"}
     assert all(rule["health"] == "ok" for rule in rules), [r for r in rules if r["health"] != "ok"]
     # The recording rule reads the workers' real histograms, per pool. How many miss is a
     # figure of the machine (a loaded 2-core CI box shares its cores between Prometheus,
     # the load, the planner's table and both workers), so it is a share, not a bound here.
-    ratio = wait_for(lambda: query(prometheus, "tidal:slo_miss_ratio:rate5m"), 30, "the ratio")
+    ratio = wait_for(lambda: query(prometheus.url, "tidal:slo_miss_ratio:rate5m"), 30, "the ratio")
     assert ratio[0]["metric"]["pool"] == POOL and 0 <= float(ratio[0]["value"][1]) <= 1
-    firing = query(prometheus, 'ALERTS{alertstate="firing"}')
+    firing = query(prometheus.url, 'ALERTS{alertstate="firing"}')
     assert not firing, firing  # one leader, workers alive, no tick errors, SLO met
+
+
+def exposition(target: str, series: str) -> str:
+    """`target`'s /metrics once it holds `series`."""
+
+    def scraped() -> str | None:
+        text = httpx.get(f"{target}/metrics", timeout=10).text
+        return text if series in text else None
+
+    return wait_for(scraped, 30, f"{series} at {target}/metrics")
+
+
+def test_both_processes_metrics_pass_promtool_check_metrics(prometheus):
+    """The lint Prometheus ships, on the live exposition of the controller and of both
+    workers, once the load has been served and the controller has decided (the labelled
+    families have series then)."""
+    promtool = tool("promtool")
+    expected = {prometheus.controller: "tidal_controller_decisions_total{"}
+    expected |= dict.fromkeys(prometheus.workers, 'tidal_worker_requests_total{outcome="ok"}')
+    for target, series in expected.items():
+        done = subprocess.run(
+            [promtool, "check", "metrics"],
+            input=exposition(target, series),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        lint = done.stdout + done.stderr
+        assert done.returncode == 0 and not lint, f"{target}/metrics: {lint}"

@@ -13,12 +13,14 @@ import time
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
 from virtual_time import run_virtual
 
 from adaptive.config import BatchConfig
 from adaptive.warmup import WarmupTracker
 from server.worker.admission import QueueLimit
 from server.worker.batching import DeadlineExceeded, DynamicBatcher, QueueFull, WorkerFailed
+from server.worker.metrics import WorkerMetrics
 from server.worker.runner import ModelledExecution, OutOfMemory
 
 
@@ -380,6 +382,32 @@ def test_raising_the_cap_serves_the_old_cap_until_warm():
     runner, caps = run_virtual(scenario())
     assert caps == [(4, True), (8, True), (16, True), (32, False)]
     assert runner.warmed == [8, 16, 32]
+
+
+def test_the_bucket_warm_gauge_is_1_per_warm_bucket_and_0_per_bucket_warming():
+    """`tidal_worker_bucket_warm{size}` scraped mid-way from 4 to 32 (8 warm at 1 s, 16
+    warming), then after lowering to 8: the released buckets' series end."""
+
+    def scrape(registry):
+        (family,) = (f for f in registry.collect() if f.name == "tidal_worker_bucket_warm")
+        return {int(s.labels["size"]): s.value for s in family.samples}
+
+    async def scenario():
+        batcher = virtual(cold(), BatchConfig(4, 0.0), warm_at_start=False)
+        registry = CollectorRegistry()
+        WorkerMetrics(registry, batcher)
+        await batcher.start()
+        batcher.reconfigure(BatchConfig(32, 0.0))
+        await at(1.5)
+        warming = scrape(registry)
+        batcher.reconfigure(BatchConfig(8, 0.0))
+        lowered = scrape(registry)
+        await batcher.drain()
+        return warming, lowered
+
+    warming, lowered = run_virtual(scenario())
+    assert warming == {1: 1, 2: 1, 4: 1, 8: 1, 16: 0, 32: 0}
+    assert lowered == {1: 1, 2: 1, 4: 1, 8: 1}
 
 
 def test_lowering_mid_warm_up_releases_like_the_tracker():

@@ -233,7 +233,7 @@ def test_metrics_parse_with_the_prometheus_parser(worker):
         "tidal_worker_queue_bound",
         "tidal_worker_memory_max_batch_size",
         "tidal_worker_config_max_batch_size",
-        "tidal_worker_warmed_bucket",
+        "tidal_worker_bucket_warm",
         "tidal_worker_model_instances",
         "tidal_worker_model_info",
         "tidal_build_info",

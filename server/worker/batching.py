@@ -199,6 +199,11 @@ class DynamicBatcher:
         return self._warm_status.warmed
 
     @property
+    def warming_buckets(self) -> tuple[int, ...]:
+        """The buckets being warmed, the next one first."""
+        return self._warm_status.warming
+
+    @property
     def warming(self) -> bool:
         return bool(self._warm_status.warming)
 

@@ -122,12 +122,16 @@ class _StateCollector:
             "are refused or clamped); +Inf if no bound is known.",
             math.inf if memory is None else memory,
         )
-        warmed = GaugeMetricFamily(
-            "tidal_worker_warmed_bucket", "1 for each warmed batch-size bucket.", labels=["size"]
+        warm = GaugeMetricFamily(
+            "tidal_worker_bucket_warm",
+            "Each batch-size bucket kept: 1 warm, 0 warming (a released bucket's series ends).",
+            labels=["size"],
         )
         for bucket in b.warmed_buckets:
-            warmed.add_metric([str(bucket)], 1.0)
-        yield warmed
+            warm.add_metric([str(bucket)], 1.0)
+        for bucket in b.warming_buckets:
+            warm.add_metric([str(bucket)], 0.0)
+        yield warm
         warmup = GaugeMetricFamily(
             "tidal_worker_warmup_seconds",
             "Measured warm-up time of each bucket warm now (a released bucket's series ends).",
