@@ -6,6 +6,11 @@ from dataclasses import dataclass
 from tidal_base.errors import InvalidInput
 from tidal_base.units import format_duration
 
+MAX_BATCH_SIZE = 65536
+"""The largest cap (or warm size) a person may ask for, in a spec or through either API."""
+MAX_TIMEOUT_S = 60.0
+"""The longest batch timeout a person may ask for, in a spec or through either API."""
+
 
 @dataclass(frozen=True, slots=True)
 class BatchConfig:

@@ -2,7 +2,8 @@
 
 The grammar and its option readers are `tidal_base.specs`, shared with the forecaster
 registry. A registry maps names to factories, so every shell parses and builds policies
-alike.
+alike; what each kind's spec may say is `adaptive.policy_kinds`, checked before a
+factory runs.
 """
 
 from __future__ import annotations
@@ -16,21 +17,14 @@ from adaptive.capacity import JointPolicy
 from adaptive.config import BatchConfig
 from adaptive.optimizer import ConfigOptimizer, PerformanceTable
 from adaptive.policy import Policy, StaticPolicy
+from adaptive.policy_kinds import POLICY_KINDS
 from adaptive.predictive import PredictivePolicy
 from adaptive.reactive import ReactivePolicy
 from forecaster.known import KnownFuture
 from forecaster.registry import build_forecaster
 from forecaster.series import RateSeries
 from tidal_base.errors import InvalidInput
-from tidal_base.specs import (
-    Spec,
-    built,
-    option_duration,
-    option_float,
-    option_int,
-    parse_spec,
-    reject_unknown,
-)
+from tidal_base.specs import Spec, built, option_duration, option_float, option_int, parse_spec
 
 PolicySpec = Spec
 """A parsed policy spec (`kind` "policy"): the policy's name and its options as written."""
@@ -65,7 +59,6 @@ def parse_policy_spec(text: str) -> PolicySpec:
 
 
 def _static(spec: PolicySpec, context: PolicyContext) -> Policy:
-    reject_unknown(spec, {"max_batch", "timeout", "warm"})
     max_batch = option_int(spec, "max_batch", 32)
     timeout_s = option_duration(spec, "timeout", 0.01)
     warm = option_int(spec, "warm", 0)
@@ -73,7 +66,6 @@ def _static(spec: PolicySpec, context: PolicyContext) -> Policy:
 
 
 def _aimd(spec: PolicySpec, context: PolicyContext) -> Policy:
-    reject_unknown(spec, {"start", "step", "backoff", "timeout", "max_batch", "fill", "budget"})
     return built(
         spec,
         lambda: AimdPolicy(
@@ -89,7 +81,6 @@ def _aimd(spec: PolicySpec, context: PolicyContext) -> Policy:
 
 
 def _reactive(spec: PolicySpec, context: PolicyContext) -> Policy:
-    reject_unknown(spec, {"utilization", "max_batch"})
     return built(
         spec,
         lambda: ReactivePolicy(
@@ -106,11 +97,6 @@ def _batch_config(spec: PolicySpec) -> BatchConfig:
 
 
 def _serve_autoscaler(spec: PolicySpec, context: PolicyContext) -> Policy:
-    reject_unknown(
-        spec,
-        {"max_batch", "timeout", "target_ongoing", "look_back", "upscale_delay"}
-        | {"downscale_delay", "factor"},
-    )
     return built(
         spec,
         lambda: ServeAutoscalerPolicy(
@@ -125,7 +111,6 @@ def _serve_autoscaler(spec: PolicySpec, context: PolicyContext) -> Policy:
 
 
 def _hpa(spec: PolicySpec, context: PolicyContext) -> Policy:
-    reject_unknown(spec, {"max_batch", "timeout", "target", "period", "tolerance", "window"})
     return built(
         spec,
         lambda: HpaPolicy(
@@ -136,10 +121,6 @@ def _hpa(spec: PolicySpec, context: PolicyContext) -> Policy:
             stabilization_s=option_duration(spec, "window", 300.0),
         ),
     )
-
-
-PLANNING_OPTIONS = {"lead", "slo", "margin", "step", "history", "replicas", "headroom"}
-PLANNING_OPTIONS |= {"scale_in"}
 
 
 def _optimizer(
@@ -203,19 +184,17 @@ def _planning(spec: PolicySpec, context: PolicyContext, forecaster, name: str) -
 
 
 def _predictive(spec: PolicySpec, context: PolicyContext) -> Policy:
-    reject_unknown(spec, PLANNING_OPTIONS | {"forecaster"})
     forecaster = built(spec, lambda: build_forecaster(spec.options.get("forecaster", "holt")))
     return _planning(spec, context, forecaster, "predictive")
 
 
 def _oracle(spec: PolicySpec, context: PolicyContext) -> Policy:
-    reject_unknown(spec, PLANNING_OPTIONS)
     if context.truth is None:
         raise InvalidInput(f"policy {spec.text!r} sees the recorded future: simulation only")
     return _planning(spec, context, KnownFuture(context.truth), "oracle")
 
 
-POLICY_FACTORIES: dict[str, PolicyFactory] = {
+POLICY_FACTORIES: dict[str, PolicyFactory] = {  # their options: adaptive.policy_kinds
     "static": _static,
     "aimd": _aimd,
     "reactive": _reactive,
@@ -233,4 +212,5 @@ def build_policy(text: str, context: PolicyContext) -> Policy:
     if factory is None:
         known = ", ".join(sorted(POLICY_FACTORIES))
         raise InvalidInput(f"unknown policy {spec.name!r} in {text!r} (known: {known})")
+    POLICY_KINDS[spec.name].check(spec)  # unknown options and implausible values, by name
     return factory(spec, context)

@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from adaptive.config import MAX_BATCH_SIZE, MAX_TIMEOUT_S
+from adaptive.policy_kinds import POLICY_KINDS, policy_kinds_help
 from tidal_base.errors import InvalidInput, TidalError
-from tidal_base.specs import parse_spec
+from tidal_base.specs import Spec, bare_durations, parse_spec
 from tidal_base.units import parse_duration_s
 
 if TYPE_CHECKING:
@@ -88,6 +91,28 @@ def warn_implausible_durations(prog: str, slo_s: float | None, timeouts_s=()) ->
             )
 
 
+def warn_bare_durations(prog: str, spec: Spec, keys: set[str], where: str) -> set[str]:
+    """Say, one line each, which duration options of `spec` are bare numbers (read as
+    seconds, as the duration flags are); `where` is how the user wrote it. Returns their
+    keys."""
+    found = bare_durations(spec, keys)
+    for key, value in found:
+        print(
+            f"{prog}: warning: {key}={value} in {where} has no unit, read as {value} s; "
+            f"write {value}ms or {value}s",
+            file=sys.stderr,
+        )
+    return {key for key, _ in found}
+
+
+def warn_bare_policy_durations(prog: str, text: str, where: str | None = None) -> set[str]:
+    """`warn_bare_durations` for a policy spec (`where` defaults to the spec itself)."""
+    spec = parse_spec(text)
+    kind = POLICY_KINDS.get(spec.name)
+    keys = kind.duration_keys() if kind is not None else set()
+    return warn_bare_durations(prog, spec, keys, where or spec.text)
+
+
 def positive_int_arg(text: str) -> int:
     try:
         value = int(text)
@@ -111,8 +136,10 @@ def positive_float_arg(text: str) -> float:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="simulate",
-        description="Replay recorded traffic through Tidal's batching simulator and "
+        description="Replay recorded traffic through Tidal's batching simulator and\n"
         "compare batching policies side by side.",
+        epilog=policy_kinds_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     source = parser.add_argument_group("traffic")
     source.add_argument(
@@ -143,8 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--policy",
         action="append",
         metavar="SPEC",
-        help="policy spec, repeatable, e.g. static:max_batch=32,timeout=10ms "
-        f"(default: {' '.join(DEFAULT_POLICIES)})",
+        help="policy spec, repeatable, e.g. static:max_batch=32,timeout=10ms; the kinds "
+        f"and their options are listed below (default: {' '.join(DEFAULT_POLICIES)})",
     )
     fleet.add_argument("--workers", type=positive_int_arg, default=10, help="workers (default 10)")
     fleet.add_argument(
@@ -293,10 +320,17 @@ def _run(args: argparse.Namespace) -> int:
     context = policy_context(trace, latency, pool)
     specs = args.policy or DEFAULT_POLICIES
     policies = [build_policy(spec, context) for spec in specs]
-    warn_implausible_durations(
-        "simulate", args.slo, [(p.spec, p.initial_config().timeout_s) for p in policies]
-    )
     shadows = [build_policy(args.shadow, context) if args.shadow else None for _ in specs]
+    bare = [warn_bare_policy_durations("simulate", spec) for spec in specs]
+    if args.shadow:
+        warn_bare_policy_durations("simulate", args.shadow)
+    warn_bare_guard_durations("simulate", args.guard)
+    timeouts = [  # a bare timeout has been warned about above
+        (p.spec, p.initial_config().timeout_s)
+        for p, keys in zip(policies, bare, strict=True)
+        if "timeout" not in keys
+    ]
+    warn_implausible_durations("simulate", args.slo, timeouts)
     report = _simulate_with_progress(
         trace, policies, settings, latency, args.no_progress, shadows, args.processes
     )
@@ -408,6 +442,15 @@ GUARD_KEYS = {
 }
 
 
+GUARD_BOUNDS = {
+    "min_batch": (MAX_BATCH_SIZE, f"{MAX_BATCH_SIZE:,}"),
+    "max_batch": (MAX_BATCH_SIZE, f"{MAX_BATCH_SIZE:,}"),
+    "min_timeout": (MAX_TIMEOUT_S, f"{MAX_TIMEOUT_S:g}s"),
+    "max_timeout": (MAX_TIMEOUT_S, f"{MAX_TIMEOUT_S:g}s"),
+}
+"""The largest plausible value of a guard's bounds: what a config may ask for."""
+
+
 def parse_guardrails(text: str) -> Guardrails:
     """`min_batch=8,max_batch=128,dwell=60s`: errors name the key and the value."""
     from adaptive.guards import Guardrails
@@ -423,7 +466,16 @@ def parse_guardrails(text: str) -> Guardrails:
             values[fields.get(key, key)] = convert(value)
         except ValueError:
             raise InvalidInput(f"--guard: {key} must be a number, got {value!r}") from None
+        bound, shown = GUARD_BOUNDS.get(key, (math.inf, ""))
+        if values[fields.get(key, key)] > bound:
+            raise InvalidInput(f"--guard: {key} must be <= {shown}, got {value}")
     return Guardrails(**values)
+
+
+def warn_bare_guard_durations(prog: str, text: str) -> None:
+    """`warn_bare_durations` for --guard (`dwell=60` is 60 s)."""
+    keys = {key for key, convert in GUARD_KEYS.items() if convert is parse_duration_s}
+    warn_bare_durations(prog, parse_spec("guard:" + text), keys, f"--guard {text}")
 
 
 def _load(args: argparse.Namespace) -> Trace:

@@ -313,12 +313,63 @@ def test_bare_numbers_are_seconds_said_in_help_and_warned_when_implausible(capsy
         command.choices["controller"].format_help()
     )
     argv = ["--trace", str(small_trace), "--slo", "100", "--json"]
-    assert main([*argv, "--policy", "static:max_batch=8,timeout=20"]) == 0
+    assert main([*argv, "--policy", "static:max_batch=8,timeout=20s"]) == 0
     err = capsys.readouterr().err
     assert (
         "--slo 100 is 100 seconds (a bare number is seconds); for milliseconds write 100ms" in err
     )
     assert "a batch timeout of 20 s (a bare number is seconds)" in err
+
+
+@pytest.mark.parametrize("timeout", ["10", "20", "0.5"])
+def test_a_bare_number_in_a_spec_is_warned_about_once(capsys, small_trace, timeout):
+    spec = f"static:max_batch=8,timeout={timeout}"
+    argv = ["--trace", str(small_trace), "--policy", spec, "--guard", "dwell=60", "--json"]
+    assert main(argv) == 0
+    assert capsys.readouterr().err.splitlines() == [
+        f"simulate: warning: timeout={timeout} in {spec} has no unit, read as {timeout} s; "
+        f"write {timeout}ms or {timeout}s",
+        "simulate: warning: dwell=60 in --guard dwell=60 has no unit, read as 60 s; "
+        "write 60ms or 60s",
+    ]
+
+
+def test_units_and_zero_are_not_warned_about(capsys, small_trace):
+    argv = ["--trace", str(small_trace), "--policy", "static:max_batch=8,timeout=0", "--json"]
+    assert main([*argv, "--policy", "aimd:timeout=5ms", "--guard", "dwell=1m"]) == 0
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["--policy", "static:max_batch=99999999999,timeout=10ms"],
+            "policy 'static:max_batch=99999999999,timeout=10ms': max_batch must be <= 65,536, "
+            "got 99999999999",
+        ),
+        (
+            ["--shadow", "static:timeout=2h"],
+            "policy 'static:timeout=2h': timeout must be <= 60s, got 2h",
+        ),
+        (["--guard", "max_batch=99999999999"], "--guard: max_batch must be <= 65,536"),
+        (["--guard", "max_timeout=1h"], "--guard: max_timeout must be <= 60s, got 1h"),
+    ],
+)
+def test_implausible_spec_values_are_refused_in_one_line(capsys, small_trace, argv, message):
+    assert main(["--trace", str(small_trace), *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"simulate: error: {message}") and err.count("\n") == 1
+
+
+def test_help_lists_the_policy_kinds_and_their_options():
+    from adaptive.policy_kinds import POLICY_KINDS
+    from simulations.cli import build_parser
+
+    text = " ".join(build_parser().format_help().split())
+    for kind in POLICY_KINDS.values():
+        assert f" {kind.name} {kind.summary} " in text
+        assert " ".join(option.usage() for option in kind.options) in text
 
 
 def test_an_events_file_with_a_misspelt_key_is_refused(capsys, small_trace, tmp_path):

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from tidal_base.errors import InvalidInput
-from tidal_base.units import parse_duration_s
+from tidal_base.units import is_bare_number, parse_duration_s
 
 T = TypeVar("T")
 
@@ -77,6 +77,16 @@ def option_duration(spec: Spec, key: str, default: float) -> float:
         return parse_duration_s(text, field=key)
     except InvalidInput as error:
         raise InvalidInput(f"{spec.kind} {spec.text!r}: {error}") from None
+
+
+def bare_durations(spec: Spec, keys: set[str]) -> list[tuple[str, str]]:
+    """The (key, value) of each option in `keys` written as a bare number other than 0:
+    a duration read as seconds (`timeout=10` is 10 s), which the shells warn about."""
+    return [
+        (key, value)
+        for key, value in spec.options.items()
+        if key in keys and is_bare_number(value) and float(value) != 0
+    ]
 
 
 def reject_unknown(spec: Spec, known: set[str]) -> None:

@@ -48,6 +48,12 @@ def parse_duration_s(text: str | float | int, *, field: str = "duration") -> flo
     return _non_negative(float(match.group(1)) * scale, field, text)
 
 
+def is_bare_number(text: str) -> bool:
+    """Whether `text` is a number with no unit ("10", "0.5"): a duration read as seconds."""
+    match = _NUMBER_UNIT.match(str(text))
+    return match is not None and not match.group(2)
+
+
 def parse_size_bytes(text: str | int, *, field: str = "size") -> int:
     """Bytes from "8GiB", "512MB", "1024"; a bare number means bytes."""
     if isinstance(text, int):

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from adaptive.specs import PolicyContext, build_policy
 from server.api_token import TOKEN_ENV
 from server.worker.admission import QueueLimit
 from simulations.cli import duration_arg
@@ -37,8 +36,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--model", required=True, help="demo-cnn, demo-text, a TorchScript file or module:factory"
     )
     worker.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
-    worker.add_argument("--host", default="127.0.0.1")
-    worker.add_argument("--port", type=int, default=8001)
+    worker.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on; 0.0.0.0 for every interface (default 127.0.0.1)",
+    )
+    worker.add_argument("--port", type=int, default=8001, help="port to listen on (default 8001)")
     worker.add_argument(
         "--config",
         default="max_batch=32,timeout=10ms",
@@ -114,6 +117,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def parse_config(text: str):
     """`max_batch=32,timeout=10ms[,warm=64]`, the static policy's grammar."""
+    from adaptive.specs import PolicyContext, build_policy  # numpy: not for --help
+
     try:
         return build_policy(f"static:{text}", PolicyContext(0.1, 1)).initial_config()
     except InvalidInput as error:
@@ -140,10 +145,14 @@ def parse_queue_limit(max_queue: str | None, slo_s: float) -> QueueLimit:
 def run_worker(args: argparse.Namespace) -> int:
     """Check the cheap things first (one line and exit 2 for a mistake), then serve."""
     from server.worker.serve import serve  # torch, the web stack: only when serving
-    from simulations.cli import warn_implausible_durations
+    from simulations.cli import warn_bare_policy_durations, warn_implausible_durations
 
     config = parse_config(args.config)
-    warn_implausible_durations("tidal worker", args.slo, [("--config", config.timeout_s)])
+    bare = warn_bare_policy_durations(
+        "tidal worker", f"static:{args.config}", f"--config {args.config}"
+    )
+    timeouts = [] if "timeout" in bare else [("--config", config.timeout_s)]
+    warn_implausible_durations("tidal worker", args.slo, timeouts)
     if args.instances < 1:
         raise InvalidInput(f"--instances must be >= 1, got {args.instances}")
     queue_limit = parse_queue_limit(args.max_queue, args.slo)
