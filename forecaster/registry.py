@@ -19,7 +19,15 @@ from tidal_base.errors import InvalidInput
 from tidal_base.specs import parse_spec
 from tidal_base.units import parse_duration_s
 
-MODEL_NAMES = ("seasonal-naive", "holt", "holt-winters", "mstl", "auto")
+MODEL_OPTIONS = {
+    "seasonal-naive": ("period",),
+    "holt": (),
+    "holt-winters": ("seasonal", "period"),
+    "mstl": (),
+    "auto": (),
+}
+"""Each forecaster's name in specs and the options it takes."""
+MODEL_NAMES = tuple(MODEL_OPTIONS)
 
 
 def build_forecaster(text: str) -> Forecaster:
@@ -47,7 +55,10 @@ def build_forecaster(text: str) -> Forecaster:
     else:
         model = Auto()
     if options:
-        raise InvalidInput(f"forecaster {text!r}: unknown option {sorted(options)[0]!r}")
+        known = ", ".join(MODEL_OPTIONS[spec.name]) or f"{spec.name} takes none"
+        raise InvalidInput(
+            f"forecaster {text!r}: unknown option {sorted(options)[0]!r} (known: {known})"
+        )
     return model
 
 

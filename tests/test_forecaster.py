@@ -124,6 +124,20 @@ def test_specs_and_errors():
         build_forecaster("holt:alpha=0.3")
 
 
+@pytest.mark.parametrize(
+    ("text", "known"),
+    [
+        ("holt:alpha=0.3", "holt takes none"),
+        ("holt-winters:periode=1d", "seasonal, period"),
+        ("seasonal-naive:seasonal=mul", "period"),
+    ],
+)
+def test_an_unknown_forecaster_option_names_the_known_ones(text, known):
+    with pytest.raises(InvalidInput) as refused:
+        build_forecaster(text)
+    assert str(refused.value).endswith(f"(known: {known})")
+
+
 def test_auto_picks_and_says_which():
     fitted = build_forecaster("auto").fit(daily(3, 600.0, noise=5.0))
     assert fitted.predict(5).model.startswith("auto: ")
