@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from simulations.cli import mark_durations, run_reporting_errors
+from simulations.command_parser import CommandParser
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +78,7 @@ EXTRAS = {
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The `tidal` parser; only `command`'s module is imported to register its options,
     the others are listed by name and help line."""
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="tidal", description="Tidal: forecast-driven batching for inference fleets."
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

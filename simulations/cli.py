@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from adaptive.config import MAX_BATCH_SIZE, MAX_TIMEOUT_S
 from adaptive.policy_kinds import POLICY_KINDS, policy_kinds_help
+from simulations.command_parser import CommandParser
 from tidal_base.errors import InvalidInput, TidalError
 from tidal_base.specs import Spec, bare_durations, parse_spec
 from tidal_base.units import parse_duration_s
@@ -134,7 +135,7 @@ def positive_float_arg(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="simulate",
         description="Replay recorded traffic through Tidal's batching simulator and\n"
         "compare batching policies side by side.",

@@ -379,3 +379,23 @@ def test_an_events_file_with_a_misspelt_key_is_refused(capsys, small_trace, tmp_
     err = capsys.readouterr().err
     assert err.startswith(f"simulate: error: {events}: event 1: unknown key 'ramp_upp' (known: ")
     assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--slo", "-5ms"], "argument --slo: duration must be a finite value >= 0, got '-5ms'"),
+        (
+            ["--rate-scale", "-1e3"],
+            "argument --rate-scale: must be a finite number > 0, got '-1e3'",
+        ),
+        (["--slo", "--workers", "3"], "argument --slo: expected one argument"),
+        (["--workers", "many"], "argument --workers: expected an integer, got 'many'"),
+        (["--bogus"], "unrecognized arguments: --bogus"),
+    ],
+)
+def test_a_command_line_mistake_is_one_line_and_where_to_look(capsys, argv, message):
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == f"simulate: error: {message}\nsee 'simulate --help'\n"

@@ -1,5 +1,7 @@
 """The `tidal` command's edges: what a mistake on the command line answers."""
 
+import pytest
+
 from server.cli import main
 
 
@@ -20,3 +22,57 @@ def test_an_implausible_worker_config_is_refused(capsys):
     assert capsys.readouterr().err == (
         "tidal: error: --config: max_batch must be <= 65,536, got 99999999999\n"
     )
+
+
+@pytest.mark.parametrize(
+    ("argv", "prog", "message"),
+    [
+        (["bogus"], "tidal", "argument COMMAND: invalid choice: 'bogus' (choose from 'trace', "),
+        ([], "tidal", "the following arguments are required: COMMAND"),
+        (["worker", "--port", "x", "--model", "m"], "tidal worker", "argument --port: invalid"),
+        (
+            ["worker", "--model", "m", "--slo", "-5ms"],
+            "tidal worker",
+            "argument --slo: duration must be a finite value >= 0, got '-5ms'",
+        ),
+        (["worker", "--slo", "--model", "m"], "tidal worker", "argument --slo: expected one"),
+        (["worker", "--model", "m", "--bogus"], "tidal worker", "unrecognized arguments: --bogus"),
+        (
+            ["trace", "promo-day", "--out", "x.csv", "--seed", "-"],
+            "tidal trace promo-day",
+            "argument --seed: invalid int value: '-'",
+        ),
+        (
+            ["forecast", "backtest", "--trace", "t.csv", "--level", "-0.5x"],
+            "tidal forecast backtest",
+            "argument --level: invalid float value: '-0.5x'",
+        ),
+    ],
+)
+def test_a_command_line_mistake_is_one_line_and_where_to_look(capsys, argv, prog, message):
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    error, hint = capsys.readouterr().err.splitlines()
+    assert error.startswith(f"{prog}: error: {message}"), error
+    assert hint == f"see '{prog} --help'"
+
+
+@pytest.mark.parametrize(
+    ("argv", "joined"),
+    [
+        (["worker", "--slo", "-5ms"], ["worker", "--slo=-5ms"]),
+        (["worker", "--sl", "-5ms"], ["worker", "--sl=-5ms"]),  # a prefix, as argparse allows
+        (["worker", "--slo", "--model", "m"], ["worker", "--slo", "--model", "m"]),
+        (["worker", "--slo=-5ms", "--port", "-1"], ["worker", "--slo=-5ms", "--port=-1"]),
+        (["worker", "--compile", "-h"], ["worker", "--compile", "-h"]),  # takes no value
+        (["worker", "--", "--slo", "-5ms"], ["worker", "--", "--slo", "-5ms"]),
+    ],
+)
+def test_a_value_that_begins_with_a_dash_is_joined_to_its_option(argv, joined):
+    from server.cli import build_parser
+    from simulations.command_parser import dash_values_joined
+
+    words, innermost = dash_values_joined(build_parser("worker"), argv)
+    assert words == joined
+    assert innermost.prog == "tidal worker"

@@ -40,12 +40,15 @@ def parse_duration_s(text: str | float | int, *, field: str = "duration") -> flo
     """Seconds from "250us", "10ms", "1.5s", "20m", "2h"; a bare number means seconds."""
     if isinstance(text, int | float):
         return _non_negative(float(text), field, text)
-    match = _NUMBER_UNIT.match(str(text))
+    written = str(text).strip()
+    match = _NUMBER_UNIT.match(written.removeprefix("-"))  # "-5ms": a duration, below 0
     unit = match.group(2).lower() if match else None
     if match is None or unit not in {**_DURATION_UNITS_S, "": 1.0}:
         raise InvalidInput(f"{field} must be a duration such as 10ms, 1.5s or 20m, got {text!r}")
-    scale = _DURATION_UNITS_S.get(unit, 1.0)
-    return _non_negative(float(match.group(1)) * scale, field, text)
+    value = float(match.group(1)) * _DURATION_UNITS_S.get(unit, 1.0)
+    if written.startswith("-") and value > 0:
+        raise InvalidInput(f"{field} must be a finite value >= 0, got {text!r}")
+    return _non_negative(value, field, text)
 
 
 def is_bare_number(text: str) -> bool:
