@@ -96,6 +96,11 @@ def test_out_dir_gets_summary_timelines_and_plots(capsys, small_trace, tmp_path)
     assert page.count('src="data:image/png;base64,') == 4
     assert "http://" not in page and "https://" not in page
     assert "static:max_batch=4,timeout=2ms" in page and "SLO %" in page
+    # Every column defined under the table; the plots at their native width, in boxes
+    # that scroll sideways rather than shrink them.
+    for column in ("p50 ms", "p99.9 ms", "worst 10 min %", "fill", "util", "busy s / 1k"):
+        assert f"<dt>{column}</dt>" in page
+    assert page.count('<div class="plot">') == 4 and "max-width: none" in page
 
 
 def test_plots_read_at_a_glance():
@@ -114,11 +119,32 @@ def test_plots_read_at_a_glance():
     assert {"32", "64", "128"} <= set(labels)  # numbers, not 3x10^1
     assert caps.get_ylim()[1] > 128  # the top cap is not clipped
     latency.plot([0, 1], [20, 400])
-    _latency_axis(latency)
+    _latency_axis(latency, [20, 400], 100.0)
     fig.canvas.draw()
     shown = {t.get_text() for t in latency.get_yticklabels()}
     assert {"50", "100", "200"} <= shown
     assert SLO_COLOR not in POLICY_COLORS
+    plt.close(fig)
+
+
+def test_the_slo_sits_inside_a_latency_axis_between_labels():
+    """p99 between 45 and 80 ms against a 100 ms SLO once read 50 and 100 only, with the
+    SLO on the frame's top edge."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from simulations.plots import _latency_axis
+
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [45, 80])
+    _latency_axis(ax, [45, 80], 100.0)
+    fig.canvas.draw()
+    low, high = ax.get_ylim()
+    assert low < 20 and high > 200  # a fifth of the SLO to twice it, at least
+    shown = {t.get_text() for t in ax.get_yticklabels() if low <= t.get_position()[1] <= high}
+    assert {"20", "50", "100", "200"} <= shown
     plt.close(fig)
 
 
@@ -142,18 +168,76 @@ def test_the_control_plot_marks_events_and_the_slo_by_value(tmp_path, monkeypatc
         "Report",
         (),
         {"results": (result,), "scaling": False, "slo_s": 0.1, "clock_origin_s": 1.8e9,
+         "window_s": 10.0,
          "origin_s": 1.8e9, "events": (Event("sale", 1.8e9 + 20, 1.8e9 + 40, 3.0),)},
     )()  # fmt: skip
     drawn = []
     monkeypatch.setattr(plots, "_save", lambda fig, path: drawn.append(fig))
     plots._plot_control(report, tmp_path / "control.png")
-    (load, config, p99) = drawn[0].axes[:3]
+    figure = drawn[0]
+    # A header row holds each column's legend above the panels; then the row's panels.
+    (load_legend, config_legend, p99_legend), (load, config, p99) = (
+        [ax.get_legend() for ax in figure.axes[:3]],
+        figure.axes[3:6],
+    )
     assert "declared events" in load.get_legend_handles_labels()[1]
     assert "SLO 100 ms" in p99.get_legend_handles_labels()[1]
-    legend = [t.get_text() for t in config.get_legend().get_texts()]
-    assert legend == ["cap asked", "cap served", "kept warm above", "timeout (ms)"]
-    assert load.get_xlabel() == "time (UTC)"  # the trace's clock, not hours since start
-    plt.close(drawn[0])
+    assert "SLO 100 ms" in [t.get_text() for t in p99_legend.get_texts()]
+    legend = [t.get_text() for t in config_legend.get_texts()]
+    assert legend == [
+        "cap asked",
+        "cap served",
+        "kept warm above",
+        "timeout (ms)",
+        "declared events",
+    ]
+    assert load_legend.get_title().get_text() == "load (req/s)"
+    assert config.get_ylabel() == "max batch"
+    low, high = p99.get_ylim()
+    assert low < 100 / 1.5 and high > 100 * 1.5  # the SLO inside the frame
+    # The trace's clock (not hours since start), dated once, under the figure.
+    assert figure.get_supxlabel() == "time (UTC) from 2027-01-15 08:00"
+    assert load.get_xlabel() == ""
+    plt.close(figure)
+
+
+def test_the_control_plot_puts_every_row_on_one_scale_per_column(tmp_path, monkeypatch):
+    """Rows whose timeouts, caps and p99 differ still read on the same axes, twins too."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    from simulations import plots
+    from simulations.timeline import WindowRow
+
+    def result(policy, p99_ms, cap, timeout_ms):
+        rows = tuple(
+            WindowRow(10.0 * i, 10.0 * (i + 1), 100, 100, 0, 5.0, p99_ms, 4.0, 0.5, 0.3, 0,
+                      cap, timeout_ms, served_max_batch=cap)
+            for i in range(6)
+        )  # fmt: skip
+        return type("Result", (), {"timeline": rows, "policy": policy})()
+
+    results = (result("static", 60.0, 8, 2.0), result("aimd", 900.0, 128, 40.0))
+    report = type(
+        "Report",
+        (),
+        {"results": results, "scaling": False, "slo_s": 0.1, "clock_origin_s": None,
+         "origin_s": 0.0, "events": (), "window_s": 10.0},
+    )()  # fmt: skip
+    drawn = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: drawn.append(fig))
+    plots._plot_control(report, tmp_path / "control.png")
+    figure = drawn[0]
+    rows = [figure.axes[3:6], figure.axes[6:9]]
+    timeouts = [ax for ax in figure.axes[9:] if ax.get_ylabel() == "timeout (ms)"]
+    for column in range(3):
+        assert rows[0][column].get_ylim() == rows[1][column].get_ylim()
+    assert len(timeouts) == 2 and timeouts[0].get_ylim() == timeouts[1].get_ylim()
+    assert timeouts[0].get_ylim()[1] >= 40.0
+    assert figure.get_supxlabel() == "hours since the start"
+    plt.close(figure)
 
 
 def test_memory_limit_clamps_and_says_so(capsys, small_trace):
