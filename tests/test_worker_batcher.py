@@ -585,9 +585,15 @@ def test_compiled_buckets_warm_slowly_once_and_answer_like_eager():
     compiled = TorchRunner(load_model("demo-cnn"), compile=True)
     warm_s = compiled.warm(2)
     inputs = [model.validate(model.example(i)) for i in range(2)]
-    started = time.perf_counter()
-    outputs = compiled.run(inputs, 2)
-    assert warm_s > 10 * (time.perf_counter() - started)  # compiling costs, running does not
+    runs_s = []
+    for _ in range(5):
+        started = time.perf_counter()
+        outputs = compiled.run(inputs, 2)
+        runs_s.append(time.perf_counter() - started)
+    # Compiling costs, running does not: seconds against milliseconds. The fastest of five
+    # runs, so that a run the scheduler preempted on a busy machine does not count (one
+    # such run took 0.29 s beside a 2.8 s compile).
+    assert warm_s > 10 * min(runs_s)
     expected = torch.tensor(eager.run(inputs, 2))
     assert torch.allclose(torch.tensor(outputs), expected, atol=1e-4)
 
