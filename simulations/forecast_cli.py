@@ -35,8 +35,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="rolling-origin evaluation of forecasters",
         description=__doc__.splitlines()[0],
     )
-    bt.add_argument("--trace", type=Path, required=True)
-    bt.add_argument("--format", choices=TRACE_FORMATS, default="auto")
+    bt.add_argument("--trace", type=Path, required=True, help="CSV trace, request- or count-level")
+    bt.add_argument(
+        "--format",
+        choices=TRACE_FORMATS,
+        default="auto",
+        help="trace format (default: detected from the header)",
+    )
     bt.add_argument("--step", default="1m", help="series step (default 1m)")
     bt.add_argument("--horizon", default="10m", help="how far ahead (default 10m)")
     bt.add_argument(

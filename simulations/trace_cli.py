@@ -6,14 +6,22 @@ import argparse
 import sys
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import yaml
-
-from simulations.promo_day import PromoDay, PromoDaySpec, generate_promo_day
 from tidal_base.errors import InvalidInput
 from tidal_base.units import format_duration
 
-_DEFAULT = PromoDaySpec()
+if TYPE_CHECKING:
+    from simulations.promo_day import PromoDay
+
+PROMO_DAY_DEFAULTS = {
+    "seed": 7,
+    "mean_rps": 2000.0,
+    "peak_rps": 18000.0,
+    "date": datetime(2026, 11, 27),
+}
+"""`simulations.promo_day.PromoDaySpec`'s defaults, here so that --help needs no numpy (a
+test checks that they agree)."""
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -29,29 +37,36 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     promo.add_argument(
         "--events", type=Path, help="events YAML to write (default: OUT with .events.yaml)"
     )
-    promo.add_argument("--seed", type=int, default=_DEFAULT.seed)
+    promo.add_argument(
+        "--seed",
+        type=int,
+        default=PROMO_DAY_DEFAULTS["seed"],
+        help="seed of the day's randomness (default %(default)s)",
+    )
     promo.add_argument(
         "--mean-rps",
         type=float,
-        default=_DEFAULT.mean_rps,
+        default=PROMO_DAY_DEFAULTS["mean_rps"],
         help="daily mean request rate (default %(default)g)",
     )
     promo.add_argument(
         "--peak-rps",
         type=float,
-        default=_DEFAULT.peak_rps,
+        default=PROMO_DAY_DEFAULTS["peak_rps"],
         help="expected rate at the biggest sale's peak (default %(default)g)",
     )
     promo.add_argument(
         "--date",
         type=datetime.fromisoformat,
-        default=_DEFAULT.date,
+        default=PROMO_DAY_DEFAULTS["date"],
         help="the day, YYYY-MM-DD (default 2026-11-27)",
     )
     promo.set_defaults(handler=run_promo_day)
 
 
 def run_promo_day(args: argparse.Namespace) -> int:
+    from simulations.promo_day import PromoDaySpec, generate_promo_day  # numpy
+
     spec = PromoDaySpec(
         mean_rps=args.mean_rps, peak_rps=args.peak_rps, seed=args.seed, date=args.date
     )
@@ -79,6 +94,8 @@ def write_counts_csv(day: PromoDay, path: Path) -> None:
 
 def events_yaml(day: PromoDay) -> str:
     """The sales as operator-declared events, as the forecaster reads them."""
+    import yaml
+
     events = [
         {
             "name": sale.name,

@@ -76,3 +76,35 @@ def test_a_value_that_begins_with_a_dash_is_joined_to_its_option(argv, joined):
     words, innermost = dash_values_joined(build_parser("worker"), argv)
     assert words == joined
     assert innermost.prog == "tidal worker"
+
+
+def test_a_bare_number_in_the_controllers_specs_is_warned_about(capsys):
+    """--local-workers -1 is refused after the warnings and before anything serves."""
+    argv = ["controller", "--policy", "static:max_batch=8,timeout=10", "--guard", "dwell=30"]
+    assert main([*argv, "--local-workers", "-1"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "tidal controller: warning: timeout=10 in static:max_batch=8,timeout=10 has no unit, "
+        "read as 10 s; write 10ms or 10s",
+        "tidal controller: warning: dwell=30 in --guard dwell=30 has no unit, read as 30 s; "
+        "write 30ms or 30s",
+        "tidal: error: --local-workers must be >= 0, got -1",
+    ]
+
+
+def test_every_flag_says_what_it_is_for():
+    """Every option of every subcommand has a help line (demo's are its owner's)."""
+    import argparse
+
+    from server.cli import COMMANDS, build_parser
+
+    def silent(parser: argparse.ArgumentParser) -> list[str]:
+        found = []
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                found += [word for sub in action.choices.values() for word in silent(sub)]
+            elif action.option_strings and not action.help:
+                found.append(f"{parser.prog} {action.option_strings[0]}")
+        return found
+
+    commands = [entry.name for entry in COMMANDS if entry.name != "demo"]
+    assert [flag for name in commands for flag in silent(build_parser(name))] == []

@@ -21,14 +21,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import astuple, dataclass, fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import httpx
-import numpy as np
-
-from server.worker.models import load_model
-from simulations.traces import load_trace
 from tidal_base.errors import InvalidInput
 from tidal_base.units import parse_duration_s
+
+if TYPE_CHECKING:  # httpx, numpy, pandas and torch load when a replay runs, not for --help
+    import numpy as np
 
 PAYLOADS = 64
 
@@ -48,19 +47,37 @@ class RequestResult:
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     loadgen = subparsers.add_parser("loadgen", help="replay a trace against a worker (open loop)")
-    loadgen.add_argument("--trace", required=True, type=Path)
+    loadgen.add_argument(
+        "--trace",
+        required=True,
+        type=Path,
+        help="CSV trace to replay, request- or count-level (see docs/traces.md)",
+    )
     loadgen.add_argument(
         "--target",
         required=True,
         help="worker base URL, e.g. http://127.0.0.1:8001; several, comma-separated, "
         "take requests in turn (a round-robin balancer)",
     )
-    loadgen.add_argument("--model", default="demo-cnn", help="whose example inputs to send")
+    loadgen.add_argument(
+        "--model",
+        default="demo-cnn",
+        help="the model whose seeded example inputs are sent: demo-cnn, demo-text, a "
+        "TorchScript file or module:factory, as the worker's --model (default demo-cnn)",
+    )
     loadgen.add_argument("--time-scale", type=float, default=1.0, help="replay K times faster")
     loadgen.add_argument("--rate-scale", type=float, default=1.0, help="K times the load")
     loadgen.add_argument("--duration", help="stop after this much replay time, e.g. 60s")
-    loadgen.add_argument("--max-in-flight", type=int, default=1000)
-    loadgen.add_argument("--seed", type=int, default=0)
+    loadgen.add_argument(
+        "--max-in-flight",
+        type=int,
+        default=1000,
+        help="requests awaiting an answer at most; an arrival past it is counted as not "
+        "sent (status 0), never queued in the client (default 1000)",
+    )
+    loadgen.add_argument(
+        "--seed", type=int, default=0, help="seed of the arrival times (default 0)"
+    )
     loadgen.add_argument(
         "--start-at", type=float, help="Unix time to start the replay at (aligns with events)"
     )
@@ -85,6 +102,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def arrival_times(
     trace_path: Path, time_scale: float, rate_scale: float, duration_s: float | None, seed: int
 ) -> np.ndarray:
+    import numpy as np
+
+    from simulations.traces import load_trace
+
     trace = load_trace(trace_path, time_scale=time_scale, rate_scale=rate_scale)
     rng = np.random.default_rng(seed)
     parts = []
@@ -105,6 +126,8 @@ async def replay(
 ) -> list[RequestResult]:
     """Send one request per arrival time (seconds from now), to the targets in turn;
     returns one result each."""
+    import httpx
+
     targets = [target] if isinstance(target, str) else list(target)
     limits = httpx.Limits(max_connections=max_in_flight, max_keepalive_connections=max_in_flight)
     async with httpx.AsyncClient(timeout=60.0, limits=limits) as client:
@@ -169,6 +192,8 @@ def encode_payloads(model, encoding: str) -> tuple[list[bytes], str]:
 
 
 def summarise(results: list[RequestResult], span_s: float) -> dict:
+    import numpy as np
+
     statuses: dict[str, int] = {}
     for r in results:
         statuses[str(r.status)] = statuses.get(str(r.status), 0) + 1
@@ -212,6 +237,8 @@ def run_loadgen(args: argparse.Namespace) -> int:
     times = arrival_times(args.trace, args.time_scale, args.rate_scale, duration_s, args.seed)
     if not times.size:
         raise InvalidInput(f"{args.trace}: no arrivals to replay in the chosen span")
+    from server.worker.models import load_model  # torch
+
     model = load_model(args.model)
     payloads, content_type = encode_payloads(model, args.encoding)
     targets = [t.strip() for t in args.target.split(",") if t.strip()]

@@ -21,16 +21,18 @@ import argparse
 import json
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
-
-from adaptive.latency import MemoryLimit, parse_latency_model
 from server.worker.cli import MEMORY_BUDGET
-from server.worker.memory import PROBE_BATCH, measure_memory
-from server.worker.models import ServedModel, load_model
-from server.worker.runner import TorchRunner, parse_device
 from tidal_base.errors import InvalidInput
 from tidal_base.units import parse_size_bytes
+
+if TYPE_CHECKING:  # torch and numpy load when a profile runs, not for --help
+    import numpy as np
+
+    from adaptive.latency import MemoryLimit
+    from server.worker.models import ServedModel
+    from server.worker.runner import TorchRunner
 
 DEFAULT_SIZES = "1,2,4,8,16,32,64,128"
 
@@ -40,7 +42,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     profile.add_argument(
         "--model", required=True, help="demo-cnn, demo-text, TorchScript or module:factory"
     )
-    profile.add_argument("--device", default="cpu")
+    profile.add_argument(
+        "--device",
+        default="cpu",
+        help="where the model runs: cpu, cuda or cuda:N (default cpu)",
+    )
     profile.add_argument("--batch-sizes", default=DEFAULT_SIZES, help=f"default {DEFAULT_SIZES}")
     profile.add_argument("--seq-len", type=int, help="token count for demo-text inputs")
     profile.add_argument(
@@ -97,6 +103,8 @@ def _inputs(model: ServedModel, size: int, seq_len: int | None) -> list:
 
 def measure(runner: TorchRunner, inputs: list, runs: int) -> np.ndarray:
     """Seconds per run, after two untimed runs."""
+    import numpy as np
+
     for _ in range(2):
         runner.run(inputs, len(inputs))
     times = []
@@ -110,6 +118,13 @@ def measure(runner: TorchRunner, inputs: list, runs: int) -> np.ndarray:
 def run_profile(args: argparse.Namespace) -> int:
     if args.under_load is not None:
         return _run_under_load(args)
+    import numpy as np
+
+    from adaptive.latency import parse_latency_model
+    from server.worker.memory import PROBE_BATCH, measure_memory
+    from server.worker.models import load_model
+    from server.worker.runner import TorchRunner, parse_device
+
     sizes = _sizes(args.batch_sizes)
     budget = parse_size_bytes(args.memory_budget, field="--memory-budget")
     if args.runs < 1:
@@ -126,6 +141,7 @@ def run_profile(args: argparse.Namespace) -> int:
     for size in sizes:
         times = measure(runner, _inputs(model, size, args.seq_len), args.runs)
         points.append((size, float(times.mean()), float(np.quantile(times, 0.99))))
+    points = _physical(points)
     document = {
         "model": model.name,
         "device": str(runner.device),
@@ -150,8 +166,28 @@ def run_profile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _physical(points: list[tuple[int, float, float]]) -> list[tuple[int, float, float]]:
+    """The measured points as the monotone fit the planner reads (adaptive.latency_fit):
+    a noisy point is said and smoothed, not written for the planner to believe."""
+    from adaptive.latency_fit import monotone_table
+
+    sizes = [b for b, _, _ in points]
+    means, p99s = monotone_table(sizes, [m for _, m, _ in points], [p for _, _, p in points])
+    assert p99s is not None
+    fitted = list(zip(sizes, means, p99s, strict=True))
+    for (size, mean, _), (_, fit, _) in zip(points, fitted, strict=True):
+        if abs(fit - mean) > 1e-6 * mean:
+            print(
+                f"note: batch {size}: measured mean {mean * 1e3:.3f} ms, written as "
+                f"{fit * 1e3:.3f} ms (a larger batch never runs faster, nor slower per item)"
+            )
+    return fitted
+
+
 def _run_under_load(args: argparse.Namespace) -> int:
+    from adaptive.latency import parse_latency_model
     from server.tools import profile_under_load as under_load
+    from server.worker.models import load_model
 
     rates = under_load.parse_rates(args.rates)
     if not 0 < args.seconds <= 3600:
@@ -184,6 +220,8 @@ def _run_under_load(args: argparse.Namespace) -> int:
 
 
 def _table(points: list[tuple[int, float, float]], memory: MemoryLimit | None) -> str:
+    import numpy as np
+
     base_throughput = points[0][0] / points[0][1]
     lines = [f"{'batch':>6} {'mean ms':>9} {'p99 ms':>9} {'req/s':>10} {'vs batch 1':>10}"]
     for size, mean, p99 in points:
