@@ -78,13 +78,15 @@ def write_plots(report: SimulationReport, out_dir: Path) -> list[Path]:
 # -- the time axis, events, styles -------------------------------------------------------
 
 
-def _times(report: SimulationReport, seconds: np.ndarray | list[float]):
+def _times(report: SimulationReport, seconds: np.ndarray | list[float]) -> np.ndarray:
     """Seconds since the replay's start as what the x axis shows: clock time (UTC) where
-    the trace has a clock, else hours."""
+    the trace has a clock, else hours. Clock time as matplotlib's date numbers, converted
+    once: a day's datetimes, converted by every line that draws them, took seconds."""
     seconds = np.asarray(seconds, dtype=np.float64)
     if report.clock_origin_s is None:
         return seconds / 3600.0
-    return [datetime.fromtimestamp(report.clock_origin_s + s, UTC) for s in seconds]
+    stamps = np.round((report.clock_origin_s + seconds) * 1e6).astype("datetime64[us]")
+    return mdates.date2num(stamps)
 
 
 def _row_times(report: SimulationReport, rows):
@@ -243,7 +245,7 @@ def _small_multiples(report: SimulationReport, metrics: Sequence[tuple[str, Metr
         _row_title(axes[i][0], result.policy, _colour(i))
     for ax in axes[-1]:
         _time_axis(ax, report)
-        ax.set_xlabel(_time_label(report))
+    fig.supxlabel(_time_label(report), fontsize=10)  # once, under every column
     return fig, axes
 
 
