@@ -3,15 +3,19 @@ exit 2, and the demo runs end to end."""
 
 from __future__ import annotations
 
-import re
+import json
+import os
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from redis_server import free_port
 
 from server.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize(
@@ -69,27 +73,80 @@ def three_free_ports() -> int:
     raise AssertionError("no three consecutive free ports")
 
 
-def test_the_demo_runs_end_to_end():
+def test_the_demo_runs_end_to_end_from_any_folder_and_leaves_nothing(tmp_path):
+    """The README's third command, from a folder that is not the checkout (the default
+    trace is generated, not read from examples/), with the profile it takes first."""
     port = three_free_ports()
     done = subprocess.run(
-        [sys.executable, "-m", "server.cli", "demo", "--duration", "4s", "--port", str(port)],
+        [sys.executable, "-m", "server.cli", "demo", "--duration", "4s", "--port", str(port),
+         "--json"],
         capture_output=True,
         text=True,
         timeout=240,
-    )
+        cwd=tmp_path,
+        env={**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
-    assert f"http://127.0.0.1:{port}/v1/pools/demo/decisions" in done.stdout
-    assert re.search(r"by status: \{'200': \d+\} ", done.stdout)  # every request answered
-    assert "controller:" in done.stdout and "config changes" in done.stdout
+    outcome = json.loads(done.stdout.strip().splitlines()[-1])
+    assert outcome["slo_ms"] == 100
+    assert outcome["by_status"] == {"200": outcome["requests"]}  # every request answered
+    assert 0 < outcome["p50_ms"] <= outcome["p99_ms"]
+    assert 0 <= outcome["slo_attainment"] <= 1
+    changes, other = outcome["config_changes"], outcome["other_decisions"]
+    assert sum(changes.values()) + sum(other.values()) == outcome["decisions"]
+    assert [s["sale"] for s in outcome["before_each_sale"]] == [
+        "midnight-sale", "morning-deals", "prime-time-sale",
+    ]  # fmt: skip
+    sizing = outcome["sizing"]
+    assert sizing["threads_per_worker"] >= 1
+    assert 0 < sizing["peak_rps"] <= sizing["capacity_rps"]
+    # The working folder held the API token: gone at exit.
+    assert not list(tmp_path.glob("tidal-demo-*"))
 
 
-def test_the_demo_warns_when_its_latency_model_cannot_meet_the_slo_at_its_peak():
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--policy", "predictve"], "--policy: unknown policy 'predictve'"),
+        (["--policy", "oracle"], "--policy: unknown policy 'oracle'"),
+        (["--policy", "static:max_batch=8,timeuot=5ms"], "unknown option 'timeuot'"),
+        (["--duration", "0s"], "--duration must be > 0"),
+        (["--model", "demo-cnnn"], "--model: unknown model 'demo-cnnn'"),
+        (["--trace", "no-such.csv"], "no-such.csv"),
+        (["--latency-model", "linear:abc"], "linear"),
+    ],
+)
+def test_bad_demo_input_fails_before_any_profile(argv, message, tmp_path):
+    port = three_free_ports()
+    done = subprocess.run(
+        [sys.executable, "-m", "server.cli", "demo", "--port", str(port), *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+    )
+    assert done.returncode == 2
+    err = done.stderr.strip()
+    assert err.startswith("tidal: error:") and message in err and "\n" not in err, err
+    assert "profiling" not in done.stdout
+    assert not list(tmp_path.glob("tidal-demo-*"))
+
+
+def test_the_demo_sizes_its_peak_from_what_the_profile_serves():
     from adaptive.latency import parse_latency_model
-    from server.tools.demo import slo_warning
+    from server.tools.demo_run import capacity_rps, slowest_profile
 
-    assert slo_warning(parse_latency_model("linear:5,0.4"), 2, 0.1, 160.0) is None
-    # 50 ms + 10 ms per item: one request alone takes 60 ms of a 100 ms SLO.
-    warning = slo_warning(parse_latency_model("linear:50,10"), 2, 0.1, 160.0)
-    assert warning is not None
-    assert "linear:50,10" in warning and "peaks at 160 req/s" in warning
-    assert "no config meets the SLO" in warning
+    fast = capacity_rps(parse_latency_model("linear:5,0.4"), 2, 0.1)
+    slow = capacity_rps(parse_latency_model("linear:10,0.8"), 2, 0.1)
+    # A machine twice as slow gets a replay at most half as busy (less: within the same
+    # SLO it cannot batch as deep).
+    assert fast >= 2 * slow > 0
+    # 50 ms + 10 ms per item: one request alone takes 60 ms of a 100 ms SLO; two workers
+    # serve at most about 2 / 60 ms within it.
+    assert capacity_rps(parse_latency_model("linear:50,10"), 2, 0.1) < 40
+    side_by_side = [
+        {"model": "m", "points": [{"batch_size": 1, "mean_ms": 2.0, "p99_ms": 3.0}]},
+        {"model": "m", "points": [{"batch_size": 1, "mean_ms": 2.5, "p99_ms": 2.8}]},
+    ]
+    merged = slowest_profile(side_by_side)
+    assert merged["points"] == [{"batch_size": 1, "mean_ms": 2.5, "p99_ms": 3.0}]

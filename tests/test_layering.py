@@ -119,21 +119,7 @@ HELPS += [["trace", "promo-day", "--help"], ["forecast", "backtest", "--help"]]
 HELPS += [["engine", "triton", "--help"]]
 
 
-@pytest.mark.parametrize(
-    "argv",
-    [
-        pytest.param(
-            argv,
-            marks=pytest.mark.xfail(
-                reason="server/tools/demo.py imports the simulator and httpx at module level"
-            ),
-        )
-        if argv[0] == "demo"
-        else argv
-        for argv in HELPS
-    ],
-    ids=" ".join,
-)
+@pytest.mark.parametrize("argv", HELPS, ids=" ".join)
 def test_every_help_loads_nothing_heavy(argv: list[str]) -> None:
     """Under half a second each, on any machine: building the parser (the subcommand's
     module imported) and writing its help load none of the heavy modules."""
