@@ -346,9 +346,9 @@ def _plot_load(load, report: SimulationReport, rows, at, replica_axes: list) -> 
 
 
 def _plot_config(ax, report: SimulationReport, rows, at, timeout_axes: list) -> None:
-    """Cap served as a filled area, cap asked as a line over it (they differ only while a
-    raised cap warms), the cap kept warm above them (log 2), and the timeout on its own
-    axis, drawn beneath the caps."""
+    """Cap served as a filled area, cap asked as a line over it (they part while a raised
+    cap warms, and for the tick a change takes to land), the cap kept warm above them
+    (log 2), and the timeout on its own axis, drawn beneath the caps."""
     asked = [r.max_batch_size for r in rows]
     served = [r.served_max_batch for r in rows]
     warm = [r.warm_max_batch if r.warm_max_batch > r.max_batch_size else np.nan for r in rows]
