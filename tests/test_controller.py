@@ -2,6 +2,8 @@
 
 import itertools
 import json
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -347,3 +349,28 @@ def test_the_controller_says_since_when_no_config_meets_the_slo():
         controller.step(float(now), stats)
         since.append(controller.slo_infeasible_since)
     assert since == [1.0, 1.0, 1.0, None, None]
+
+
+def test_the_readme_quotes_only_reasons_the_code_writes():
+    """Every decision reason README.md quotes has the form predictive writes: numbers
+    aside (and a quote cut with '...' as a prefix), it is one of the reasons of a
+    warm-ahead before a declared step."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    quoted = re.findall(r'"((?:forecast upper bound|expecting) [^"]*)"', " ".join(readme.split()))
+    assert quoted
+    # A step the warm cap serves (a larger one is cheaper), then one it cannot.
+    counts = [400] * 300 + [1200] * 300 + [400] * 300 + [6000] * 300
+    steps = [
+        Event("deals", start_s=300.0, end_s=600.0, multiplier=3.0),
+        Event("launch", start_s=900.0, end_s=1200.0, multiplier=15.0),
+    ]
+    (predictive,) = run(counts, ["predictive"], events=steps)
+    written = {_shape(d.reason) for d in predictive.decisions}
+    for quote in quoted:
+        shape = _shape(quote.removesuffix("..."))
+        assert any(w.startswith(shape.rstrip("; ")) for w in written), (quote, written)
+
+
+def _shape(reason: str) -> str:
+    """A reason with its numbers (and lists of buckets) as '#'."""
+    return re.sub(r"#(, #)* and #", "#", re.sub(r"\d[\d.,]*k?", "#", reason))
