@@ -137,6 +137,9 @@ class Controller:
         self._forecast_here: Forecast | None = None
         self.override: Override | None = None
         self._released = False
+        # The config a new pin replaced, until the next record says so (a pin applies at
+        # once, so that step alone would see no change and keep no record of it).
+        self._pinned_over: BatchConfig | None = None
         self._changed_at = -float("inf")  # when the config last changed (for spacing)
         fleet = settings.fleet
         # The replica count the pool should have; None for a fixed fleet.
@@ -159,6 +162,7 @@ class Controller:
     def adopt(self, config: BatchConfig) -> None:
         """Take over a pool whose workers run `config` (a new leader, a policy switch)."""
         self.config = config
+        self._pinned_over = None
 
     def pin(self, override: Override | None) -> None:
         """An operator's pinned config (None lifts it): applied at once and as it is,
@@ -170,6 +174,8 @@ class Controller:
             self._released = self._released or self.override is not None
         else:
             self._released = False
+            if override != self.override and self._pinned_over is None:
+                self._pinned_over = self.config
         self.override = override
         if override is not None and override.config != self.config:
             self.config_changes += 1
@@ -362,7 +368,8 @@ class Controller:
             self.override, self._released = None, True
         # Right after a pin ends the policy's config resumes at once: the dwell guards
         # against the policy's own churn, not against returning from an operator's pin.
-        protective = decision.protective or self._released
+        released = self._released
+        protective = decision.protective or released
         self._released = False
         chosen, guard_note = self.guard.apply(now, self.config, decision.config, protective)
         chosen, guard_note = self._space(now, chosen, guard_note)
@@ -399,7 +406,7 @@ class Controller:
             observation=snapshot.observation,
             warmed_buckets=snapshot.warmed_buckets,
             forecast=_forecast_used(snapshot),
-            previous=previous,
+            previous=previous if self._pinned_over is None else self._pinned_over,
             proposed=decision.config,
             chosen=chosen,
             reason=reason,
@@ -409,7 +416,11 @@ class Controller:
             alternatives=decision.alternatives,
             shadow=shadow,
             noteworthy=self._noteworthy(
-                chosen != previous or self.replicas != replicas_before, shadow
+                chosen != previous
+                or self.replicas != replicas_before
+                or released
+                or self._pinned_over is not None,
+                shadow,
             ),
             replicas_before=replicas_before,
             replicas=self.replicas,
@@ -419,6 +430,7 @@ class Controller:
         if self._replan_note is not None:
             record = replace(record, noteworthy=True)
             self._replan_note = None
+        self._pinned_over = None
         self.last = record
         return record
 
@@ -438,7 +450,8 @@ class Controller:
         return self.config, held if note is None else f"{note}; {held}"
 
     def _noteworthy(self, changed: bool, shadow: ShadowDecision | None) -> bool:
-        """Kept records: config changes, mode changes, and shadow disagreements."""
+        """Kept records: config changes, a pin set or lifted, mode changes, and shadow
+        disagreements."""
         last = self.last
         if last is None or changed or self.mode is not last.mode:
             return True
