@@ -76,6 +76,34 @@ def page(controller):
     assert not problems, problems
 
 
+# The Steer forms: each placeholder fits its input, each form's first field sits as high as
+# the others', and no form has blank space below its last part (a form stretched to its row).
+LAYOUT_PROBLEMS = """() => {
+  const problems = [];
+  const measure = document.createElement("canvas").getContext("2d");
+  for (const input of document.querySelectorAll(".actions input[placeholder]")) {
+    const style = getComputedStyle(input);
+    measure.font = style.font;
+    const room = input.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
+    const needs = measure.measureText(input.placeholder).width;
+    if (needs > room) problems.push(`${input.name}: placeholder ${needs} px in ${room} px`);
+  }
+  const forms = [...document.querySelectorAll(".actions form")];
+  const firstField = forms.map((f) => f.querySelector("input").getBoundingClientRect().top
+    - f.getBoundingClientRect().top);
+  if (Math.max(...firstField) - Math.min(...firstField) > 1) {
+    problems.push(`first fields at ${firstField} px`);
+  }
+  for (const form of forms) {
+    const style = getComputedStyle(form);
+    const blank = form.getBoundingClientRect().bottom - parseFloat(style.paddingBottom)
+      - parseFloat(style.borderBottomWidth) - form.lastElementChild.getBoundingClientRect().bottom;
+    if (blank > 1) problems.push(`${form.id}: ${blank} px blank below`);
+  }
+  return problems;
+}"""
+
+
 def fact(page, label: str) -> str:
     return page.inner_text(f'[data-fact="{label}"]')
 
@@ -95,6 +123,17 @@ def test_the_pool_page_shows_what_the_api_says(controller, page):
     names = page.locator("#workers tbody tr td:first-child").all_inner_texts()
     assert sorted(names) == ["local-0", "local-1"]
     assert page.locator("#decisions tbody tr").count() >= 1
+    shown = page.eval_on_selector_all(
+        "#decisions tbody tr", "rows => rows.map(r => r.dataset.time)"
+    )
+    times = [float(t) for t in shown]
+    assert times == sorted(times, reverse=True), times  # the newest decision on top
+    # Away from the pointer a legend shows each series' latest value, not uPlot's "--".
+    legends = page.locator(".chart .u-legend").all_inner_texts()
+    assert len(legends) >= 3 and not any("--" in text for text in legends), legends
+    assert "arrivals" in legends[0] and "latest" in legends[0], legends
+    layout = page.evaluate(LAYOUT_PROBLEMS)
+    assert not layout, layout
     page.screenshot(path=str(folder / "pool.png"), full_page=True)
     page.goto(f"{api}/ui")
     page.wait_for_selector(f'#pools a[href="#/pools/{POOL}"]')

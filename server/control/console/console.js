@@ -1,5 +1,6 @@
 // Tidal's operator console: a pools page and a page per pool, drawn from the controller's
-// own API (the same JSON curl sees) and refreshed by polling. Charts are uPlot (vendored
+// own API (the same JSON curl sees) and refreshed by polling, one refresh at a time, and
+// at once after each change made from the page. Charts are uPlot (vendored
 // under vendor/uplot). The write token lives in this tab's sessionStorage and travels
 // only in the Authorization header, never in a URL.
 "use strict";
@@ -10,6 +11,8 @@ const $ = (selector, root = document) => root.querySelector(selector);
 const view = $("#view");
 let refresh = null; // the current page's refresh function
 let charts = {};
+let running = null; // the refresh in flight
+let queued = null; // the one asked for while it runs
 
 // -- the API -------------------------------------------------------------------------
 
@@ -43,11 +46,24 @@ function say(text, kind = "info") {
   if (kind === "info") setTimeout(() => { if (box.textContent === text) box.hidden = true; }, 5000);
 }
 
+// One refresh at a time: on a slow machine the next poll never piles onto a refresh that
+// is still waiting for the API, and a refresh asked for while one runs (after a change)
+// starts when that one ends, so it reads the API after the change.
+function reload() {
+  if (!refresh) return Promise.resolve();
+  if (running) {
+    queued ??= running.catch(() => {}).then(() => { queued = null; return reload(); });
+    return queued;
+  }
+  running = refresh().finally(() => { running = null; });
+  return running;
+}
+
 async function act(work, done) {
   try {
     const result = await work();
     say(done(result), "info");
-    if (refresh) await refresh();
+    await reload();
   } catch (error) {
     say(error.message, "error");
   }
@@ -69,8 +85,9 @@ async function poolsPage() {
   view.innerHTML = `<h1>Pools</h1><table id="pools"><thead><tr><th>pool</th><th>policy</th>
     <th>mode</th><th>config in force</th><th class="num">version</th><th class="num">rate req/s</th>
     <th class="num">p99 ms</th><th class="num">SLO ms</th><th class="num">workers</th><th>ready</th></tr></thead><tbody></tbody></table>`;
-  refresh = async () => {
+  const page = refresh = async () => {
     const { pools } = await api("/v1/pools");
+    if (refresh !== page) return; // the operator has moved on to another page
     $("#pools tbody").innerHTML = pools.map((p) => {
       const inputs = p.last_decision ? p.last_decision.inputs : {};
       return `<tr><td><a href="#/pools/${encodeURIComponent(p.pool)}">${esc(p.pool)}</a></td>
@@ -81,7 +98,7 @@ async function poolsPage() {
         <td>${p.ready ? "yes" : `<span class="bad">no</span>`}</td></tr>`;
     }).join("");
   };
-  await refresh();
+  await reload();
 }
 
 // -- a pool's page -------------------------------------------------------------------
@@ -140,18 +157,19 @@ async function poolPage(pool) {
   const path = `/v1/pools/${encodeURIComponent(pool)}`;
   wireActions(pool, path);
   charts = {};
-  refresh = async () => {
+  const page = refresh = async () => {
     const [summary, timeline, forecast, decisions, workers, events] = await Promise.all([
       api(path), api(`${path}/timeline?seconds=21600&points=600`), api(`${path}/forecast`),
       api(`${path}/decisions?limit=20`), api(`${path}/workers`), api(`${path}/events`),
     ]);
+    if (refresh !== page) return;
     drawFacts(summary);
     drawCharts(summary, timeline.columns, forecast, events.events);
     drawDecisions(decisions.decisions);
     drawWorkers(workers.workers, summary.version);
     drawEvents(events.events);
   };
-  await refresh();
+  await reload();
 }
 
 function drawFacts(s) {
@@ -197,16 +215,17 @@ function drawCharts(summary, cols, forecast, events) {
     ctx.restore();
   };
   plot("load", width, [x, pad(cols.rate_rps), lead("mean_rps"), lead("upper_rps"), lead("lower_rps")], {
-    series: [{}, { label: "arrivals", stroke: "#0f172a" }, { label: "forecast mean", stroke: "#2563eb", dash: [6, 4] },
-      { label: "band upper", stroke: "#93c5fd" }, { label: "band lower", stroke: "#93c5fd" }],
+    series: [{}, { label: "arrivals", stroke: "#0f172a" },
+      { label: "forecast", stroke: "#2563eb", dash: [6, 4], ahead: true },
+      { label: "band high", stroke: "#93c5fd", ahead: true }, { label: "band low", stroke: "#93c5fd", ahead: true }],
     bands: [{ series: [3, 4], fill: "rgba(147, 197, 253, 0.3)" }],
     hooks: { drawClear: [eventBands] },
   });
   const stepped = uPlot.paths.stepped({ align: 1 });
   plot("config", width, [cols.time, cols.max_batch, cols.serving_max_batch, cols.warm_max_batch, cols.timeout_ms], {
-    series: [{}, { label: "cap asked", stroke: "#2563eb", paths: stepped },
-      { label: "cap served", stroke: "#16a34a", paths: stepped, dash: [4, 3] },
-      { label: "kept warm", stroke: "#f59e0b", paths: stepped },
+    series: [{}, { label: "cap asked", stroke: "#2563eb", paths: stepped, digits: 0 },
+      { label: "cap served", stroke: "#16a34a", paths: stepped, dash: [4, 3], digits: 0 },
+      { label: "kept warm", stroke: "#f59e0b", paths: stepped, digits: 0 },
       { label: "timeout ms", stroke: "#9333ea", paths: stepped, scale: "ms" }],
     axes: [{}, { label: "batch" }, { side: 1, scale: "ms", label: "timeout ms", grid: { show: false } }],
   });
@@ -215,19 +234,33 @@ function drawCharts(summary, cols, forecast, events) {
   });
   const scales = cols.replicas.some((r) => r !== null);
   $("#replicas-box").hidden = !scales;
-  if (scales) plot("replicas", width, [cols.time, cols.replicas], { series: [{}, { label: "desired", stroke: "#0f172a", paths: stepped }] });
+  if (scales) plot("replicas", width, [cols.time, cols.replicas], { series: [{}, { label: "desired", stroke: "#0f172a", paths: stepped, digits: 0 }] });
+}
+
+// Legends: the values under the pointer; away from the chart, each series' latest value
+// (a forecast's: its next one ahead), never uPlot's "--" placeholder.
+function withLegend(series) {
+  const pick = (values, ahead) => {
+    const seen = values.filter((v) => v !== null && v !== undefined);
+    return ahead ? seen[0] : seen.at(-1);
+  };
+  return series.map((s, i) => (i === 0
+    ? { label: "time", ...s, value: (u, v, _i, idx) => (idx == null ? "latest" : new Date(v * 1000).toLocaleTimeString()) }
+    : { ...s, value: (u, v, sidx, idx) => num(idx == null ? pick(u.data[sidx], s.ahead) : v, s.digits ?? 1) }));
 }
 
 function plot(name, width, data, options) {
   if (charts[name]) { charts[name].setData(data); return; }
-  charts[name] = new uPlot({ width, height: 220, scales: { x: { time: true } }, ...options }, data, $(`#chart-${name}`));
+  const opts = { width, height: 220, scales: { x: { time: true } }, ...options, series: withLegend(options.series) };
+  charts[name] = new uPlot(opts, data, $(`#chart-${name}`));
 }
 
 function drawDecisions(records) {
-  $("#decisions tbody").innerHTML = records.map((d) => {
+  // The API lists the newest `limit` oldest first; the page puts the newest on top.
+  $("#decisions tbody").innerHTML = [...records].reverse().map((d) => {
     const weighed = (d.alternatives || []).map((a) => `<li>batch ${a.max_batch}, ${a.timeout_ms} ms: p99 ${num(a.predicted_p99_ms)} ms, busy ${num(a.busy_ms_per_request, 3)} ms/req</li>`).join("");
     const why = [d.reason, d.guard, d.replanned].filter(Boolean).map(esc).join("<br>");
-    return `<tr><td>${clock(d.time)}</td><td>${esc(d.kind)}</td><td>${esc(config(d.chosen))}</td>
+    return `<tr data-time="${d.time}"><td>${clock(d.time)}</td><td>${esc(d.kind)}</td><td>${esc(config(d.chosen))}</td>
       <td class="num">${num(d.predicted_p99_ms)}</td><td class="reason">${why}</td>
       <td>${weighed ? `<details><summary>${d.alternatives.length} weighed</summary><ul>${weighed}</ul></details>` : "–"}</td></tr>`;
   }).join("");
@@ -292,8 +325,10 @@ function drawGate(path, candidate, hours, r) {
   const rows = [["SLO attainment %", (s) => num(s.slo_attainment * 100, 3)], ["p50 ms", (s) => num(s.latency_ms.p50)],
     ["p99 ms", (s) => num(s.latency_ms.p99)], ["busy s per 1k", (s) => num(s.busy_seconds_per_1k, 3)],
     ["mean batch", (s) => num(s.mean_batch_size, 2)], ["config changes", (s) => s.config_changes]];
-  const column = (title, s) => `<table><thead><tr><th colspan="2">${esc(title)}: ${esc(s.policy)}</th></tr></thead><tbody>${rows.map(([label, f]) => `<tr><td>${label}</td><td class="num">${f(s)}</td></tr>`).join("")}</tbody></table>`;
-  $("#gate").innerHTML = `<div class="side-by-side">${column("current", r.current)}${column("candidate", r.candidate)}</div>
+  // One table, the two policies side by side (their specs below it: a spec can be long).
+  $("#gate").innerHTML = `<table class="side-by-side"><thead><tr><th></th><th class="num">current</th><th class="num">candidate</th></tr></thead>
+    <tbody>${rows.map(([label, f]) => `<tr><td>${label}</td><td class="num">${f(r.current)}</td><td class="num">${f(r.candidate)}</td></tr>`).join("")}</tbody></table>
+    <p class="specs">current: <code>${esc(r.current.policy)}</code><br>candidate: <code>${esc(r.candidate.policy)}</code></p>
     <p>On ${r.traffic.seconds} s of recorded traffic, ${r.latency_model ? `latency model ${esc(r.latency_model)}` : ""}.</p>
     ${r.no_worse_on_slo ? `<button type="button" id="promote">Promote the candidate</button>` : "<p class=\"bad\">Worse on the SLO: not promotable.</p>"}`;
   const promote = $("#promote");
@@ -328,9 +363,14 @@ function showTokenState() {
 
 $("#period").textContent = PERIOD_MS / 1000;
 window.addEventListener("hashchange", route);
-setInterval(async () => {
-  if (!refresh || document.hidden) return;
-  try { await refresh(); } catch (error) { say(error.message, "error"); }
-}, PERIOD_MS);
+// The next poll is due PERIOD_MS after the last one ended (not started): a refresh slower
+// than the period delays the next one instead of running beside it.
+async function poll() {
+  if (refresh && !document.hidden) {
+    try { await reload(); } catch (error) { say(error.message, "error"); }
+  }
+  setTimeout(poll, PERIOD_MS);
+}
+document.addEventListener("visibilitychange", () => { if (!document.hidden) reload().catch(() => {}); });
 showTokenState();
-route();
+route().then(() => setTimeout(poll, PERIOD_MS));
