@@ -213,6 +213,36 @@ def test_lifting_a_pin_twice_still_lets_the_policy_return_at_once():
     assert controller.step(3.0, stats).chosen == BatchConfig(32, 0.010)
 
 
+def test_the_step_after_a_pin_is_set_or_lifted_is_a_kept_record_of_what_it_replaced():
+    """A pin applies at once, so the next step saw no config change and kept no record:
+    the override reached the decision record only when something else made a step
+    noteworthy. The settings sync echoing the same pin must add no records."""
+    policy = build_policy("static:max_batch=32,timeout=10ms", PolicyContext(0.1, 1))
+    settings = ControllerSettings(pool="p", guardrails=Guardrails(dwell_s=60.0))
+    controller = Controller(policy, settings)
+    stats = PoolStats(Observation(0.0, 1.0, 10, 10, 0, 0, 0.01, 0.02, 2.0, 0.5, 0.1))
+    policy_config, pinned = BatchConfig(32, 0.010), BatchConfig(4, 0.001)
+    controller.step(1.0, stats)
+    assert not controller.step(2.0, stats).noteworthy  # a hold is not kept
+
+    pin = Override(pinned, until_s=100.0, reason="canary")
+    controller.pin(pin)
+    record = controller.step(3.0, stats)
+    assert record.noteworthy and record.kind == "override"
+    assert record.previous == policy_config and record.chosen == pinned
+
+    controller.pin(Override(pinned, until_s=100.0, reason="canary"))  # the sync's echo
+    again = [controller.step(float(now), stats) for now in (4.0, 5.0)]
+    assert [r.noteworthy for r in again] == [False, False]
+    assert all(r.kind == "override" and r.previous == pinned for r in again)
+
+    controller.pin(None)
+    record = controller.step(6.0, stats)
+    assert record.noteworthy and record.kind != "override"
+    assert record.previous == pinned and record.chosen == policy_config
+    assert not controller.step(7.0, stats).noteworthy
+
+
 configs = st.builds(
     BatchConfig,
     st.integers(1, 512),
