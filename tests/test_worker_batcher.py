@@ -736,3 +736,27 @@ def test_a_batcher_keeps_stats_windows_only_for_a_collector_that_takes_them():
     stats = run_virtual(collected(pooled, 50))
     assert stats.completed == 50 and sum(n for _, n in stats.latency_buckets) == 50
     assert pooled.take_window() == ([], {})  # taken
+
+
+def test_the_ranker_scores_feature_vectors_alone_as_in_a_batch_and_refuses_others():
+    import torch
+
+    from server.worker.models import RANKER_FEATURES, load_model
+    from server.worker.runner import TorchRunner
+    from tidal_base.errors import InvalidInput
+
+    ranker = load_model("demo-ranker")
+    runner = TorchRunner(ranker)
+    inputs = [ranker.validate(ranker.example(i)) for i in range(3)]
+    together = runner.run(inputs, 4)  # padded to 4, answered for 3
+    alone = [runner.run([x], 1)[0] for x in inputs]
+    assert len(together) == 3 and all(len(score) == 1 for score in together)
+    assert torch.allclose(torch.tensor(together), torch.tensor(alone), atol=1e-5)
+    as_bytes = ranker.from_bytes(ranker.to_bytes(ranker.example(0)))
+    assert torch.equal(as_bytes, inputs[0])
+    with pytest.raises(InvalidInput, match=f"shape {RANKER_FEATURES}, got 3"):
+        ranker.validate([0.5, 0.5, 0.5])
+    with pytest.raises(InvalidInput, match="finite"):
+        ranker.validate([float("nan")] * RANKER_FEATURES)
+    with pytest.raises(InvalidInput, match=f"{4 * RANKER_FEATURES} bytes"):
+        ranker.from_bytes(b"\0" * 8)

@@ -28,10 +28,16 @@ from simulations.cli import duration_arg, positive_float_arg
 
 POOL = "demo"
 WORKERS = 2
+DEMO_MODELS = ("demo-cnn", "demo-ranker", "demo-text")
+"""The built-in models (server.worker.models, which loads torch, says the same)."""
 PEAK_SHARE = 0.5
 """The replay's peak as a share of what the profile serves within the SLO: the rest is
-for what the profile does not see (HTTP, the controller, the load generator, the rest
-of the machine)."""
+for what the profile does not see (HTTP, the controller, the load generator)."""
+REQUESTS_PER_FREE_CORE = 100.0
+"""The replay's peak per core left idle by other work: outside the model, a request costs
+about 5 ms of CPU here (the load generator's httpx client 3 ms, measured at 300 req/s on
+94% of a core; the controller process's HTTP, which hosts both workers, 1.7 ms), so a
+free core carries about 200 req/s of it; half of that, for headroom."""
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -62,7 +68,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--peak-rps",
         type=positive_float_arg,
         help=f"the replay's busiest rate in req/s (default: {PEAK_SHARE * 100:.0f}%% of what the "
-        "profile serves within the SLO on 2 workers)",
+        f"profile serves within the SLO on 2 workers, at most {REQUESTS_PER_FREE_CORE:.0f} "
+        "per idle core)",
     )
     demo.add_argument(
         "--duration",
@@ -74,9 +81,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     demo.add_argument(
         "--model",
-        default="demo-cnn",
-        help="the workers' model: demo-cnn, demo-text, a TorchScript path or module:factory "
-        "(default demo-cnn)",
+        default="demo-ranker",
+        help="the workers' model: demo-ranker (a ranking MLP, whose batches pay), demo-cnn, "
+        "demo-text, a TorchScript path or module:factory (default demo-ranker)",
     )
     demo.add_argument(
         "--latency-model",

@@ -32,7 +32,13 @@ from adaptive.specs import parse_policy_spec
 from forecaster.events import Event, event_to_dict, load_events, rescale_events
 from forecaster.series import epoch_seconds
 from server.ports import check_free
-from server.tools.demo import PEAK_SHARE, POOL, WORKERS
+from server.tools.demo import (
+    DEMO_MODELS,
+    PEAK_SHARE,
+    POOL,
+    REQUESTS_PER_FREE_CORE,
+    WORKERS,
+)
 from simulations.calibration import performance_table
 from simulations.traces import Trace, load_trace
 from tidal_base.errors import InvalidInput
@@ -48,6 +54,7 @@ class Sizing:
     """How the demo fits the machine: torch threads per worker, and the replay's peak."""
 
     cores: int
+    free_cores: float  # idle over a second before the demo started
     threads_per_worker: int
     capacity_rps: float  # what the latency model serves within the SLO on the workers
     peak_rps: float
@@ -56,6 +63,7 @@ class Sizing:
     def to_dict(self) -> dict[str, Any]:
         return {
             "cores": self.cores,
+            "free_cores": round(self.free_cores, 2),
             "threads_per_worker": self.threads_per_worker,
             "capacity_rps": round(self.capacity_rps, 1),
             "peak_rps": round(self.peak_rps, 1),
@@ -72,10 +80,10 @@ def run_demo(args: argparse.Namespace) -> int:
         sizing = _size(args, work)
         say = _printer(args.json)
         say(
-            f"tidal demo: {sizing.cores} cores, {sizing.threads_per_worker} torch thread(s) "
-            f"per worker; the profile serves {sizing.capacity_rps:.0f} req/s within the "
-            f"{DEMO_SLO_S * 1e3:.0f} ms SLO on {WORKERS} workers; replaying up to "
-            f"{sizing.peak_rps:.0f} req/s"
+            f"tidal demo: {sizing.cores} cores ({sizing.free_cores:.1f} idle), "
+            f"{sizing.threads_per_worker} torch thread(s) per worker; the model serves "
+            f"{sizing.capacity_rps:,.0f} req/s within the {DEMO_SLO_S * 1e3:.0f} ms SLO on "
+            f"{WORKERS} workers by its profile; replaying up to {sizing.peak_rps:.0f} req/s"
         )
         for warning in _warnings(args, sizing):
             print(f"tidal demo: warning: {warning}", file=sys.stderr, flush=True)
@@ -140,11 +148,11 @@ def _check_policy(text: str) -> None:
 
 def _check_model(spec: str) -> None:
     """The model's name or file, without loading torch (the workers load it)."""
-    if spec in ("demo-cnn", "demo-text") or Path(spec).exists() or ":" in spec:
+    if spec in DEMO_MODELS or Path(spec).exists() or ":" in spec:
         return
     raise InvalidInput(
-        f"--model: unknown model {spec!r}: use demo-cnn, demo-text, a TorchScript path or "
-        "module:factory"
+        f"--model: unknown model {spec!r}: use {', '.join(DEMO_MODELS)}, a TorchScript path "
+        "or module:factory"
     )
 
 
@@ -169,11 +177,37 @@ def _materialise(
 
 def _size(args: argparse.Namespace, work: Path) -> Sizing:
     cores = len(os.sched_getaffinity(0))
+    free = min(float(cores), free_cores(cores))
     threads = max(1, cores // WORKERS)
     latency = args.latency_model or _profile(args.model, work, threads, args.json)
     capacity = capacity_rps(parse_latency_model(latency), WORKERS, DEMO_SLO_S)
-    peak = args.peak_rps if args.peak_rps is not None else PEAK_SHARE * capacity
-    return Sizing(cores, threads, capacity, peak, latency)
+    peak = args.peak_rps
+    if peak is None:
+        peak = min(PEAK_SHARE * capacity, REQUESTS_PER_FREE_CORE * max(free, 0.25))
+    return Sizing(cores, free, threads, capacity, peak, latency)
+
+
+def free_cores(cores: int, sample_s: float = 1.0) -> float:
+    """The cores other work leaves idle, over `sample_s` (/proc/stat: idle and iowait
+    over all time spent); all of them where /proc/stat cannot be read."""
+    first = _cpu_times()
+    time.sleep(sample_s)
+    second = _cpu_times()
+    if first is None or second is None:
+        return float(cores)
+    busy = second[0] - first[0]
+    idle = second[1] - first[1]
+    return cores * idle / (busy + idle) if busy + idle > 0 else float(cores)
+
+
+def _cpu_times() -> tuple[int, int] | None:
+    """(busy, idle) jiffies of all CPUs together, from /proc/stat's first line."""
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return sum(fields[:8]) - idle, idle
 
 
 def capacity_rps(latency: LatencyModel, workers: int, slo_s: float) -> float:
@@ -218,7 +252,7 @@ def _start_profile(model: str, out: Path, threads: int) -> subprocess.Popen:
     return subprocess.Popen(
         [
             sys.executable, "-m", "server.cli", "profile", "--model", model,
-            "--batch-sizes", "1,2,4,8,16,32,64", "--runs", "10", "--out", str(out),
+            "--batch-sizes", "1,2,4,8,16,32,64,128", "--runs", "10", "--out", str(out),
         ],
         stdout=subprocess.DEVNULL,
         env=_threads_env(threads),

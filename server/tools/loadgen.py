@@ -62,7 +62,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     loadgen.add_argument(
         "--model",
         default="demo-cnn",
-        help="the model whose seeded example inputs are sent: demo-cnn, demo-text, a "
+        help="the model whose seeded example inputs are sent: demo-cnn, demo-ranker, demo-text, a "
         "TorchScript file or module:factory, as the worker's --model (default demo-cnn)",
     )
     loadgen.add_argument("--time-scale", type=float, default=1.0, help="replay K times faster")

@@ -40,7 +40,9 @@ DEFAULT_SIZES = "1,2,4,8,16,32,64,128"
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     profile = subparsers.add_parser("profile", help="measure latency per batch size")
     profile.add_argument(
-        "--model", required=True, help="demo-cnn, demo-text, TorchScript or module:factory"
+        "--model",
+        required=True,
+        help="demo-cnn, demo-ranker, demo-text, TorchScript or module:factory",
     )
     profile.add_argument(
         "--device",

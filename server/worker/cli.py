@@ -33,7 +33,9 @@ CLIENT_TIMEOUT_S = 10.0
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     worker = subparsers.add_parser("worker", help="serve a model through the dynamic batcher")
     worker.add_argument(
-        "--model", required=True, help="demo-cnn, demo-text, a TorchScript file or module:factory"
+        "--model",
+        required=True,
+        help="demo-cnn, demo-ranker, demo-text, a TorchScript file or module:factory",
     )
     worker.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     worker.add_argument(
