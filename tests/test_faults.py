@@ -139,10 +139,7 @@ class Load(threading.Thread):
     async def _streams(self) -> dict[str, list[RequestResult]]:
         sent = await asyncio.gather(
             *(
-                # No client-side bound short of every request: one that sends is what
-                # the worker must answer or shed (at 256, a starved 2-core machine left
-                # 675 of 1,000 overload requests unsent, status 0).
-                replay(url, self.times, [BODY], max(256, self.times.size), "application/json")
+                replay(url, self.times, [BODY], 256, "application/json")
                 for url in self.targets.values()
             )
         )
