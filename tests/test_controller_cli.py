@@ -78,7 +78,7 @@ def test_the_demo_runs_end_to_end_from_any_folder_and_leaves_nothing(tmp_path):
     trace is generated, not read from examples/), with the profile it takes first."""
     port = three_free_ports()
     done = subprocess.run(
-        [sys.executable, "-m", "server.cli", "demo", "--duration", "4s", "--port", str(port),
+        [sys.executable, "-m", "server.cli", "demo", "--duration", "2s", "--port", str(port),
          "--json"],
         capture_output=True,
         text=True,

@@ -1,12 +1,12 @@
 """The whole loop with real processes: Redis, two controllers, two workers, a load generator.
 
 One scenario on one timeline (L = when the replay starts; load steps from 5 to 40 req/s
-at L+26 s, and the step is declared through the API):
+at L+20 s, and the step is declared through the API):
 
-    L+4   an operator pins a config for 3 s; workers run it; it expires
-    L+26  the step: the controller must have warmed the larger buckets before it
-    L+27  Redis stops for 2 s: no request fails; the loop recovers when it returns
-    L+32  the leader is killed: the standby takes over, no config version goes back
+    L+2   an operator pins a config for 2 s; workers run it; it expires
+    L+20  the step: the controller must have warmed the larger buckets before it
+    L+21  Redis stops for 2 s: no request fails; the loop recovers when it returns
+    L+26  the leader is killed: the standby takes over, no config version goes back
 
 The shell logic (leadership, versions, warm-up, fail-static) is tested in virtual time
 elsewhere; this is the proof that the real processes do it together.
@@ -15,7 +15,7 @@ The controller plans with the latency model `linear:100,1` (2 workers, SLO 300 m
 which 5 req/s (and its noise) is served with batch 2 or 4. The operator declares the step
 as 20x (100 req/s, which needs batch 16) while the replay steps to 40 req/s, so the CPU
 under test is not overrun: warming 16 before the step can only come from the forecast.
-The planner looks 12 s ahead (`lead=12s`), so before L+13 it has no reason to grow.
+The planner looks 10 s ahead (`lead=10s`), so before L+10 it has no reason to grow.
 Redis runs without persistence here, so the decision log is read before it stops.
 """
 
@@ -40,8 +40,8 @@ from redis_server import RedisProcess, free_port
 
 POOL = "e2e"
 TOKEN = "e2e-secret"
-STEP_AT_S = 26.0
-REPLAY_S = 36
+STEP_AT_S = 20.0
+REPLAY_S = 30
 LEASE_S = 1.0
 
 
@@ -97,7 +97,7 @@ def fleet(tmp_path):
     workers = [free_port(), free_port()]
     controller_args = [
         "controller", "--redis", server.url, "--pool", POOL,
-        "--policy", "predictive:step=2s,lead=12s", "--workers", "2",
+        "--policy", "predictive:step=2s,lead=10s", "--workers", "2",
         "--latency-model", "linear:100,1",
         "--slo", "300ms", "--warmup", "3s", "--tick", "0.5s", "--lease", f"{LEASE_S}s",
         "--token-file", str(tmp_path / "token"),
@@ -150,7 +150,7 @@ def test_the_control_plane_end_to_end(fleet):
     assert standby_write.status_code == 409
 
     # Bad writes are refused and name what is wrong.
-    pin = {"max_batch": 3, "timeout_ms": 4, "duration": "3s", "reason": "e2e"}
+    pin = {"max_batch": 3, "timeout_ms": 4, "duration": "2s", "reason": "e2e"}
     assert httpx.put(f"{a}/v1/pools/{POOL}/override", json=pin).status_code == 401
     wrong = {"authorization": "Bearer nope"}
     assert httpx.put(f"{a}/v1/pools/{POOL}/override", json=pin, headers=wrong).status_code == 403
@@ -184,7 +184,7 @@ def test_the_control_plane_end_to_end(fleet):
         time.sleep(max(0.0, start_at + offset_s - time.time()))
 
     # An override pins the config, then expires.
-    at(4)
+    at(2)
     pinned = httpx.put(f"{a}/v1/pools/{POOL}/override", json=pin, headers=auth)
     assert pinned.status_code == 200, pinned.text
     wait_for(
@@ -231,12 +231,12 @@ def test_the_control_plane_end_to_end(fleet):
     for t, url, stats in watch.samples:
         warm[url].append((t, 16 in stats["warmed_buckets"]))
     for url, seen in warm.items():
-        assert not any(w for t, w in seen if start_at + 8 < t < step_s - 13), url
+        assert not any(w for t, w in seen if start_at + 6 < t < step_s - 11), url
         assert all(w for t, w in seen if step_s - 1 < t < step_s), url
     ahead = [
         r
         for r in records["decisions"]
-        if start_at + 8 < r["time"] < step_s and r["chosen"]["warm_max_batch"] >= 16
+        if start_at + 6 < r["time"] < step_s and r["chosen"]["warm_max_batch"] >= 16
     ]
     assert ahead, "no decision warmed batch 16 before the step"
     assert "forecast upper bound" in ahead[0]["reason"], ahead[0]["reason"]

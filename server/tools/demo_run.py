@@ -44,7 +44,7 @@ from simulations.traces import Trace, load_trace
 from tidal_base.errors import InvalidInput
 
 DEMO_SLO_S = 0.1  # the controller's default SLO, which the demo keeps
-LEAD_IN_S = 5.0
+LEAD_IN_S = 3.0
 """From the pool ready to the replay's zero: the day opens with the midnight sale, and a
 controller that knows of it gets a few ticks to warm for it."""
 
