@@ -387,12 +387,15 @@ def test_the_readme_quotes_only_reasons_the_code_writes():
     warm-ahead before a declared step."""
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     quoted = re.findall(r'"((?:forecast upper bound|expecting) [^"]*)"', " ".join(readme.split()))
-    assert quoted
-    # A step the warm cap serves (a larger one is cheaper), then one it cannot.
-    counts = [400] * 300 + [1200] * 300 + [400] * 300 + [6000] * 300
+    # ... and the reasons in the demo's output it shows ("before SALE ...: REASON").
+    quoted += re.findall(r"^before .*?up to batch \d+: (.*)$", readme, re.MULTILINE)
+    assert len(quoted) >= 3, quoted
+    # Light load (where a larger cap costs nothing more), a step the warm cap serves (a
+    # larger one is cheaper), then one it cannot.
+    counts = [20] * 300 + [400] * 300 + [1200] * 300 + [400] * 300 + [6000] * 300
     steps = [
-        Event("deals", start_s=300.0, end_s=600.0, multiplier=3.0),
-        Event("launch", start_s=900.0, end_s=1200.0, multiplier=15.0),
+        Event("deals", start_s=600.0, end_s=900.0, multiplier=3.0),
+        Event("launch", start_s=1200.0, end_s=1500.0, multiplier=15.0),
     ]
     (predictive,) = run(counts, ["predictive"], events=steps)
     written = {_shape(d.reason) for d in predictive.decisions}
@@ -403,4 +406,5 @@ def test_the_readme_quotes_only_reasons_the_code_writes():
 
 def _shape(reason: str) -> str:
     """A reason with its numbers (and lists of buckets) as '#'."""
-    return re.sub(r"#(, #)* and #", "#", re.sub(r"\d[\d.,]*k?", "#", reason))
+    numbers = re.sub(r"\d+(?:[.,]\d+)*k?", "#", reason)
+    return re.sub(r"#(?:, #)* and #", "#", numbers)
