@@ -254,7 +254,8 @@ def run_loadgen(args: argparse.Namespace) -> int:
     if failed > args.max_failed * summary["requests"]:
         print(
             f"tidal loadgen: error: {failed:,} of {summary['requests']:,} requests failed "
-            f"(by status: {summary['by_status']}), more than --max-failed {args.max_failed:g}",
+            f"(by status: {', '.join(f'{k}: {n:,}' for k, n in summary['by_status'].items())}), "
+            f"more than --max-failed {args.max_failed:g}",
             file=sys.stderr,
         )
         return 1
@@ -263,14 +264,16 @@ def run_loadgen(args: argparse.Namespace) -> int:
 
 def _format(summary: dict) -> str:
     lat = summary["latency_ms"]
+    ingress = summary["ingress_ms"]
+    ingress_text = f"p50 {ingress['p50']} p99 {ingress['p99']}" if ingress else "not reported"
+    statuses = ", ".join(f"{status}: {n:,}" for status, n in summary["by_status"].items())
     return (
         f"{summary['requests']:,} requests: offered {summary['offered_rps']:,.1f} req/s, "
         f"achieved {summary['achieved_rps']:,.1f} req/s\n"
         f"latency ms p50 {lat['p50']} p90 {lat['p90']} p99 {lat['p99']} max {lat['max']}; "
         f"mean batch {summary['mean_batch_size']}; send lag p99 {summary['send_lag_p99_ms']} ms"
-        f"; worker ingress ms {summary['ingress_ms']}\n"
-        f"by status: {summary['by_status']} "
-        "(0: not sent, over --max-in-flight; -1: connection error)"
+        f"; worker ingress ms {ingress_text}\n"
+        f"by status: {statuses} (0: not sent, over --max-in-flight; -1: connection error)"
     )
 
 
