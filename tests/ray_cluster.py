@@ -33,6 +33,11 @@ REPO = Path(__file__).resolve().parent.parent
 def ray_serve_cluster(num_cpus: int = 2) -> Iterator[str]:
     """A local Ray cluster and Serve's HTTP proxy on 127.0.0.1; yields the proxy's URL."""
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    # Serve's proxy must answer its ready check in 5 s and its health checks in 10 s, or
+    # the controller kills it: beside two CPU hogs on 2 cores it did not, and serve.start
+    # failed with the proxy "killed by ray.kill" before it ran. Slack for a busy machine.
+    os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
+    os.environ.setdefault("RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S", "60")
     # Replicas import the example by name (examples.ray_serve_app): Ray's processes
     # inherit this environment.
     if str(REPO) not in sys.path:

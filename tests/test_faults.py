@@ -204,8 +204,14 @@ def test_overload_at_4x_sheds_promptly_stays_responsive_and_gives_memory_back(po
     time.sleep(1.0)
     after = rss_bytes(pid)
 
-    sent = load.results["w0"]
+    # The test's client keeps at most 256 requests in flight, as a real client's pool
+    # does; status 0 is one it held back at that bound. That happens when the client
+    # itself is starved (httpx costs it about 3 ms of CPU a request: beside two CPU hogs
+    # it held back 330 of 1,000), so the worker is judged on what it was sent.
+    sent = [r for r in load.results["w0"] if r.status != 0]
     statuses = load.statuses("w0")
+    held_back = statuses.pop(0, 0)
+    assert held_back < 0.5 * len(load.times), statuses  # the overload did reach the worker
     assert set(statuses) <= {200, 429}, statuses  # nothing failed: answered or shed
     assert statuses[429] >= 0.5 * len(sent), statuses  # 4x capacity: about 3/4 shed
     assert statuses[200] >= 0.5 * CAPACITY_RPS * 5.0, statuses  # goodput near capacity
