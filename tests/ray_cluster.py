@@ -38,6 +38,11 @@ def ray_serve_cluster(num_cpus: int = 2) -> Iterator[str]:
     # failed with the proxy "killed by ray.kill" before it ran. Slack for a busy machine.
     os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
     os.environ.setdefault("RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S", "60")
+    # Ray starts its worker processes (the controller, the proxy, the replicas) at nice 15
+    # (worker_niceness): beside other busy processes they starve (a replica's start took
+    # over 90 s beside two CPU hogs). At nice 0 they take their share, as a deployment's
+    # replicas would on their own nodes.
+    os.environ.setdefault("RAY_worker_niceness", "0")
     # Replicas import the example by name (examples.ray_serve_app): Ray's processes
     # inherit this environment.
     if str(REPO) not in sys.path:
