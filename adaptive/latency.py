@@ -267,9 +267,14 @@ def _table_from_document(document: dict, source: str) -> TableLatency:
     return TableLatency(sizes, fitted_means, fitted_p99s, memory, source)
 
 
-def _moved(sizes, measured, fitted) -> list[int]:
+Column = tuple[float, ...] | None
+
+
+def _moved(
+    sizes: tuple[int, ...], measured: tuple[Column, Column], fitted: tuple[Column, Column]
+) -> list[int]:
     """The sizes whose mean or p99 the monotone fit changed by more than rounding."""
-    moved = set()
+    moved: set[int] = set()
     for before, after in zip(measured, fitted, strict=True):
         if before is None:
             continue

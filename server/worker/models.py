@@ -243,7 +243,7 @@ def _dense_from_bytes(body: bytes, shape: tuple[int, ...]) -> torch.Tensor:
     return _finite(torch.frombuffer(bytearray(body), dtype=torch.float32).reshape(shape))
 
 
-def _image_to_bytes(value: Any) -> bytes:
+def _float32_bytes(value: Any) -> bytes:
     return torch.as_tensor(value, dtype=torch.float32).numpy().tobytes()
 
 
@@ -288,7 +288,7 @@ def _demo(name: str) -> ServedModel:
             _image,
             _example_image,
             from_bytes=_image_from_bytes,
-            to_bytes=_image_to_bytes,
+            to_bytes=_float32_bytes,
         )
     if name == "demo-ranker":
         return ServedModel(
@@ -298,7 +298,7 @@ def _demo(name: str) -> ServedModel:
             _features,
             _example_features,
             from_bytes=_features_from_bytes,
-            to_bytes=_image_to_bytes,  # float32 bytes, whatever the shape
+            to_bytes=_float32_bytes,
         )
     return ServedModel(
         name,
