@@ -466,10 +466,11 @@ def create_app(
             result = await _bus_call(gate, field="candidate")
         except InsufficientHistory as error:
             raise ApiError(409, str(error), "hours") from None
-        candidate = result.pop("candidate_policy")
         result["promoted"] = False
         if body.promote and result["no_worse_on_slo"]:
-            await _bus_call(control.set_policy(body.candidate, candidate))
+            # Built afresh from its spec: the replay's policy object holds state on the
+            # replay's clock (an HPA's next sync at 3,601 s, windows that never expire).
+            await _bus_call(control.set_policy(body.candidate))
             result["promoted"] = True
         return {"pool": pool, "current_policy": control.policy_spec, **result}
 

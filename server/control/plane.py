@@ -437,7 +437,6 @@ class PoolControl:
             "candidate": proposed,
             "no_worse_on_slo": proposed["slo_attainment"] >= current["slo_attainment"],
             "latency_model": latency.describe(),
-            "candidate_policy": candidate_policy,
         }
 
 
