@@ -93,14 +93,6 @@ class LatencyHistogram:
         """Nearest-rank quantile (the sample at rank ceil(q * n)), within RELATIVE_ERROR."""
         return quantile_from_counts(self.counts, q, self.max_s)
 
-    def fraction_at_most(self, threshold_s: float) -> float | None:
-        """Share of samples <= threshold, resolved to whole buckets."""
-        total = self.count
-        if total == 0:
-            return None
-        last = int(np.searchsorted(BUCKET_LOWER_S, threshold_s, side="right")) - 1
-        return float(self.counts[: last + 1].sum()) / total
-
     def summary(self) -> LatencySummary:
         n = self.count
         quantile = self.quantile_s

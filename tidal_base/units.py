@@ -68,17 +68,6 @@ def parse_size_bytes(text: str | int, *, field: str = "size") -> int:
     return int(_non_negative(float(match.group(1)) * _SIZE_UNITS_B[unit], field, text))
 
 
-def parse_positive_float(text: str, *, field: str) -> float:
-    """A finite float > 0, with an error that names the field."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise InvalidInput(f"{field} must be a number, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise InvalidInput(f"{field} must be > 0, got {text!r}")
-    return value
-
-
 def format_duration(seconds: float) -> str:
     """A short human form: 0.0004 -> "400us", 0.01 -> "10ms", 90 -> "90s"."""
     if seconds == 0:
