@@ -20,7 +20,7 @@ from adaptive.change_cost import ChangeCost
 from adaptive.config import BatchConfig
 from server.bus.local import LocalPoolBus
 from server.clock import LoopClock
-from server.engines.member import PoolMember
+from server.engines.member import EngineUnreachable, PoolMember
 from server.engines.protocols import ConfigRejected
 from server.tasks import BackgroundErrors
 
@@ -138,3 +138,62 @@ def test_the_controller_shows_which_members_are_alive_but_not_ready(caplog):
     said = [r.getMessage() for r in caplog.records if r.name == "tidal.controller"]
     assert said.count(f"p: warming not ready: {warming}") == 1
     assert said.count("p: warming ready") == 1
+
+
+class FlakyEngine(CappedEngine):
+    """A `CappedEngine` that does not answer while `away` (Triton down, a replica gone)."""
+
+    def __init__(self) -> None:
+        super().__init__(64)
+        self.away = False
+
+    async def apply(self, published: VersionedConfig) -> None:
+        if self.away:
+            raise EngineUnreachable("connection refused")
+        await super().apply(published)
+
+    async def collect(self) -> WorkerStats:
+        if self.away:
+            raise EngineUnreachable("connection refused")
+        return await super().collect()
+
+
+def test_an_unreachable_engine_is_an_outage_the_member_beats_through(caplog):
+    """Logged once (no traceback a window), heartbeats on with the member not ready and
+    why, a config published meanwhile applied once the engine answers again."""
+
+    async def alive(bus) -> dict | None:
+        return (await bus.workers_alive("pool")).get("m")
+
+    async def scenario():
+        bus, engine, errors = LocalPoolBus(), FlakyEngine(), BackgroundErrors()
+        member = PoolMember(engine, bus, "pool", "m", LoopClock(), errors, heartbeat_ttl_s=3.0)
+        member.start()
+        await bus.publish_config("pool", VersionedConfig(1, BatchConfig(8, 0.01)))
+        await asyncio.sleep(2.5)
+        seen = {"before": await alive(bus)}
+        engine.away = True
+        await asyncio.sleep(2.0)
+        await bus.publish_config("pool", VersionedConfig(2, BatchConfig(16, 0.01)))
+        await asyncio.sleep(8.0)  # past the heartbeat's TTL twice over
+        seen["away"] = await alive(bus)
+        engine.away = False
+        await asyncio.sleep(7.0)  # the config loop's backoff is 5 s at most
+        seen["back"] = (await alive(bus), engine.version)
+        await member.stop()
+        return seen, errors.counts
+
+    with caplog.at_level(logging.INFO, logger="tidal"):
+        seen, errors = run_virtual(scenario())
+    assert seen["before"]["config_version"] == 1 and "ready" not in seen["before"]
+    away = seen["away"]
+    assert away is not None, "the member left the pool while its engine was away"
+    assert away["ready"] is False
+    assert away["not_ready"] == "capped unreachable: connection refused"
+    beat, version = seen["back"]
+    assert "ready" not in beat and "not_ready" not in beat and version == 2
+    assert errors == {}
+    said = [r.getMessage() for r in caplog.records if r.name == "tidal.member"]
+    assert sum("unreachable" in line for line in said) == 1, said
+    assert sum("answers again" in line for line in said) == 1, said
+    assert not [r for r in caplog.records if r.exc_info], "a traceback for an outage"

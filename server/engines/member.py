@@ -7,9 +7,13 @@ missed notification is never a missed config. If Redis goes away the engine keep
 serving with its last config; stats are kept (bounded) and sent when Redis returns, and
 the member retries with exponential backoff. A config the engine refuses
 (`ConfigRejected`) is logged once, shown in the heartbeat (`rejected`) and not retried
-until a newer version comes; the old config keeps serving. Any other failure in either
-loop is logged with its traceback and counted (`errors`, by task "link-report" or
-"link-config"), and the loop goes on. Reports fall due at fixed instants on the
+until a newer version comes; the old config keeps serving. An engine that does not
+answer (`EngineUnreachable`: Triton down or restarting) is an outage, not a bug: logged
+once when it begins and once when it ends, and the heartbeats go on with the member not
+ready and why (`ready`, `not_ready`), so the pool sees a member it cannot use rather
+than one that vanished; configs are retried with the backoff. Any other failure in
+either loop is logged with its traceback and counted (`errors`, by task "link-report"
+or "link-config"), and the loop goes on. Reports fall due at fixed instants on the
 member's clock, `interval_s` apart, so a slow publish does not make the windows drift.
 """
 
@@ -34,6 +38,12 @@ from server.tasks import BackgroundErrors, cancel_and_wait, spawn
 log = logging.getLogger("tidal.member")
 
 BACKOFF_S = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+
+
+class EngineUnreachable(Exception):
+    """The engine did not answer (down, restarting, a wrong address): raised by an
+    engine's `collect` or `apply`. The engine's next window that does answer covers the
+    time it was away."""
 
 
 class PoolMember:
@@ -64,6 +74,7 @@ class PoolMember:
         self.configs_applied = 0
         self._leaving = False  # a drain began: no more heartbeats
         self.rejected: dict[str, Any] | None = None  # the last config the engine refused
+        self.unreachable: str | None = None  # why the engine does not answer, while it does not
         self._tasks: list[asyncio.Task] = []
 
     def start(self) -> None:
@@ -84,7 +95,7 @@ class PoolMember:
         """Stop both loops and send what is left, the last window included."""
         for task in self._tasks:
             await cancel_and_wait(task)
-        self.unsent.append(await self.engine.collect())
+        await self._collect()
         with contextlib.suppress(RedisError, OSError):
             await self._flush()
             if self._leaving:
@@ -96,7 +107,7 @@ class PoolMember:
             due_at += self.interval_s
             await asyncio.sleep(max(0.0, due_at - self.clock.now()))
             try:
-                self.unsent.append(await self.engine.collect())
+                await self._collect()
                 await self._flush()
                 if not self._leaving:
                     await self.bus.heartbeat(
@@ -106,6 +117,16 @@ class PoolMember:
                 self._lost(error)
             except Exception as error:  # a bug, not an outage: loud, counted, carry on
                 self.errors.record("link-report", error)
+
+    async def _collect(self) -> None:
+        """The engine's window into `unsent`; an engine away sends none this time."""
+        try:
+            window = await self.engine.collect()
+        except EngineUnreachable as error:
+            self._engine_away(error)
+            return
+        self._engine_back()
+        self.unsent.append(window)
 
     async def _flush(self) -> None:
         while self.unsent:
@@ -127,6 +148,8 @@ class PoolMember:
                         await notices.aclose()
             except (RedisError, OSError) as error:
                 self._lost(error)
+            except EngineUnreachable as error:  # an outage: retried with the backoff
+                self._engine_away(error)
             except Exception as error:  # a bug, not an outage: loud, counted, retried
                 self.errors.record("link-config", error)
             await asyncio.sleep(BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)])
@@ -169,13 +192,31 @@ class PoolMember:
             )
         self.connected = False
 
+    def _engine_away(self, error: EngineUnreachable) -> None:
+        if self.unreachable is None:
+            log.warning(
+                "%s %s unreachable (%s): reported not ready; heartbeats go on",
+                self.engine.kind,
+                self.name,
+                error,
+            )
+        self.unreachable = f"{self.engine.kind} unreachable: {error}"
+
+    def _engine_back(self) -> None:
+        if self.unreachable is not None:
+            log.info("%s %s answers again", self.engine.kind, self.name)
+        self.unreachable = None
+
     def info(self) -> dict[str, Any]:
         """The heartbeat's payload: what the pool's API shows of this member."""
+        status = self.engine.status()
+        if self.unreachable is not None:
+            status = {**status, "ready": False, "not_ready": self.unreachable}
         return {
             "time": time.time(),
             "engine": self.engine.kind,
             "change_cost": asdict(self.engine.change_cost),
             "config_version": self.engine.version,
             "rejected": self.rejected,
-            **self.engine.status(),
+            **status,
         }

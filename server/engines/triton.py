@@ -57,6 +57,7 @@ from adaptive.change_cost import ChangeCost
 from adaptive.clock import Clock
 from adaptive.config import BatchConfig
 from adaptive.histogram import BUCKET_LOWER_S
+from server.engines.member import EngineUnreachable
 from server.engines.protocols import ConfigRejected
 from server.tasks import BackgroundErrors, cancel_and_wait, spawn
 
@@ -88,9 +89,10 @@ _PENDING = "nv_inference_pending_request_count"
 _SUMMARY = "nv_inference_request_summary_us"
 
 
-class TritonUnreachable(Exception):
-    """Triton did not answer (down, restarting, or the address is wrong); the member
-    logs and counts it, and the next window covers the time it was away."""
+class TritonUnreachable(EngineUnreachable):
+    """Triton did not answer (down, restarting, or the address is wrong): an outage to
+    the member, which logs it once and beats on with the member not ready; the next
+    window covers the time it was away."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -393,7 +395,6 @@ class TritonEngine:
         self._client: InferenceServerClient | None = None
         self._http: httpx.AsyncClient | None = None
         self._watch: asyncio.Task | None = None
-        self._unreachable = False
         self._loaded_since_snapshot = False
 
     # -- lifecycle -------------------------------------------------------------
@@ -583,13 +584,7 @@ class TritonEngine:
         )
         if isinstance(metrics, BaseException) or metrics.status_code != 200:
             what = metrics if isinstance(metrics, BaseException) else metrics.status_code
-            if not self._unreachable:
-                log.warning("triton metrics %s unreachable: %s", self.metrics_url, what)
-            self._unreachable = True
-            raise TritonUnreachable(f"GET {self.metrics_url}: {what}")
-        if self._unreachable:
-            log.info("triton metrics %s answer again", self.metrics_url)
-        self._unreachable = False
+            raise TritonUnreachable(f"GET {self.metrics_url}: {what!r}")  # the member logs it
         batches = None
         if not isinstance(statistics, BaseException):
             batches = parse_batch_stats(statistics, self.model)

@@ -1,0 +1,110 @@
+"""`TritonEngine` and `tidal engine triton` against a real tritonserver (the one the
+nvidia-pytriton wheel carries, serving examples/triton/models), without a controller:
+what the pool member does when Triton goes away and comes back.
+
+tests/test_triton.py runs the whole pool (controller, load, overrides, a restart); these
+are the engine's own edges, each on the module's tritonserver, in real time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+
+from server.bus.local import LocalPoolBus
+from server.clock import LoopClock
+from server.engines.member import PoolMember
+from server.engines.triton import TritonEngine
+from server.engines.triton_local import TritonProcess
+from server.tasks import BackgroundErrors
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "triton" / "models"
+MODEL = "tidal_sleep"
+
+
+@pytest.fixture(scope="module")
+def triton(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("triton-engine")
+    repository = tmp / "models"  # a copy: the python backend writes __pycache__ beside it
+    shutil.copytree(EXAMPLES, repository, ignore=shutil.ignore_patterns("__pycache__"))
+    process = TritonProcess(repository, [MODEL], log_path=tmp / "tritonserver.log")
+    try:
+        process.start()
+        yield process
+    finally:
+        process.close()
+
+
+def engine_on(triton: TritonProcess, errors: BackgroundErrors, **kwargs) -> TritonEngine:
+    return TritonEngine(
+        triton.grpc_url, triton.metrics_url, MODEL, "t0", LoopClock(), errors, **kwargs
+    )
+
+
+async def until(condition, timeout_s: float, what: str):
+    """Poll `condition` on the running loop (real time: a real Triton) until truthy."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while loop.time() < deadline:
+        if value := await condition():
+            return value
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_triton_away_is_an_outage_the_member_beats_through(triton, caplog):
+    """Last of the in-process tests: it stops the module's Triton and starts it again.
+    Logged once, no traceback per window, heartbeats on with the member not ready, and
+    ready again with windows flowing once Triton is back."""
+
+    async def beat(bus) -> dict | None:
+        return (await bus.workers_alive("p")).get("t0")
+
+    async def scenario():
+        errors, bus = BackgroundErrors(), LocalPoolBus()
+        engine = engine_on(triton, errors)
+        await engine.start()
+        member = PoolMember(
+            engine, bus, "p", "t0", engine.clock, errors, interval_s=0.2, heartbeat_ttl_s=0.6
+        )
+        member.start()
+        seen = {"up": await until(lambda: beat(bus), 10, "a heartbeat")}
+        await asyncio.to_thread(triton.stop)
+        seen["away"] = await until(
+            lambda: _when(beat(bus), lambda b: b.get("ready") is False), 20, "not ready"
+        )
+        await asyncio.sleep(1.5)  # past the heartbeat's TTL twice over
+        seen["still"] = await beat(bus)
+        await asyncio.to_thread(triton.start)
+        sent = await windows(bus)
+        seen["back"] = await until(
+            lambda: _when(beat(bus), lambda b: "ready" not in b), 30, "ready again"
+        )
+        await until(lambda: _when(windows(bus), lambda n: n > sent + 2), 10, "windows again")
+        await member.stop()
+        await engine.close()
+        return seen, errors.counts
+
+    with caplog.at_level(logging.INFO, logger="tidal"):
+        seen, errors = asyncio.run(scenario())
+    assert "ready" not in seen["up"]
+    assert seen["away"]["not_ready"].startswith("triton unreachable: GET ")
+    assert seen["still"] is not None and seen["still"]["ready"] is False
+    assert errors == {}
+    said = [r.getMessage() for r in caplog.records if r.name == "tidal.member"]
+    assert sum("unreachable" in line for line in said) == 1, said
+    assert sum("answers again" in line for line in said) == 1, said
+    assert not [r for r in caplog.records if r.exc_info], "a traceback for an outage"
+
+
+async def _when(value, condition):
+    got = await value
+    return got if got is not None and condition(got) else None
+
+
+async def windows(bus: LocalPoolBus) -> int:
+    return len((await bus.read_worker_stats("p"))[0])
