@@ -1,6 +1,7 @@
 """`TritonEngine` and `tidal engine triton` against a real tritonserver (the one the
 nvidia-pytriton wheel carries, serving examples/triton/models), without a controller:
-what the pool member does when Triton goes away and comes back.
+what the pool member does when Triton goes away and comes back, and that the config
+watch and a change do not race.
 
 tests/test_triton.py runs the whole pool (controller, load, overrides, a restart); these
 are the engine's own edges, each on the module's tritonserver, in real time.
@@ -15,10 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from adaptive.bus import VersionedConfig
+from adaptive.config import BatchConfig
 from server.bus.local import LocalPoolBus
 from server.clock import LoopClock
 from server.engines.member import PoolMember
-from server.engines.triton import TritonEngine
+from server.engines.triton import Knobs, TritonEngine
 from server.engines.triton_local import TritonProcess
 from server.tasks import BackgroundErrors
 
@@ -54,6 +57,55 @@ async def until(condition, timeout_s: float, what: str):
             return value
         await asyncio.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_the_watch_reads_what_triton_serves_under_the_lock(triton):
+    """A change that lands while the watch's read is on the wire must not look like a
+    restart: the read is held here until the change has either finished (the race) or
+    is waiting for the watch (the read under the lock)."""
+
+    async def scenario():
+        errors = BackgroundErrors()
+        engine = engine_on(triton, errors, watch_interval_s=0.05)
+        await engine.start()
+        await engine.apply(VersionedConfig(1, BatchConfig(4, 0.002)))
+        client = engine._grpc()
+        read = client.get_model_config
+        watch_reading, release = asyncio.Event(), asyncio.Event()
+        change_read = asyncio.Event()
+
+        async def held_read(*args, **kwargs):
+            task = asyncio.current_task()
+            watching = task is not None and task.get_name() == "triton-watch"
+            if not watching:
+                change_read.set()
+            answer = await read(*args, **kwargs)
+            if watching and not release.is_set():
+                watch_reading.set()
+                await release.wait()
+            return answer
+
+        client.get_model_config = held_read
+        try:
+            await asyncio.wait_for(watch_reading.wait(), 10)
+            change = asyncio.create_task(engine.apply(VersionedConfig(2, BatchConfig(6, 0.003))))
+            for _ in range(5):  # the change runs to its first read, or to the lock
+                await asyncio.sleep(0)
+            if change_read.is_set():  # not held off by the watch: let it finish first
+                await asyncio.wait({change}, timeout=60)
+            release.set()
+            await asyncio.wait_for(change, 60)
+            await asyncio.sleep(0.5)  # the watch's next rounds
+            serving = Knobs.read(await engine._read_config())
+        finally:
+            client.get_model_config = read
+            await engine.close()
+        return serving, engine.counts, errors.counts
+
+    serving, counts, errors = asyncio.run(scenario())
+    assert serving == Knobs(6, 3000)
+    assert (counts.restarts_detected, counts.reapplied) == (0, 0)
+    assert len(counts.reloads_s) == 2 and errors == {}
 
 
 def test_triton_away_is_an_outage_the_member_beats_through(triton, caplog):

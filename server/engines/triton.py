@@ -525,40 +525,44 @@ class TritonEngine:
 
     async def _watch_loop(self) -> None:
         """Read back what Triton serves; a restarted Triton serves its disk config, so
-        this engine's config is loaded again."""
+        this engine's config is loaded again. The read is made under the lock, so a
+        change cannot land between the read and the comparison with what was applied
+        (a read from before a change, compared after it, looked like a restart)."""
         while True:
             await asyncio.sleep(self.watch_interval_s)
             if self._lock.locked():
                 continue  # a change is under way: its own read-back decides
-            try:
-                serving = Knobs.read(await self._read_config())
-            except TritonUnreachable:
-                continue  # collect() reports the outage; try again next round
-            self._serving = serving
-            if self._applied is None or serving == self._applied or self._lock.locked():
-                continue
-            self.counts.restarts_detected += 1
-            log.warning(
-                "triton %s serves %s, not %s (restarted?): loading config v%d again",
-                self.model,
-                serving.describe(),
-                self._applied.describe(),
-                self._version,
-            )
             async with self._lock:
-                applied = self._applied
-                config = BatchConfig(applied.max_batch_size, applied.max_queue_delay_us / 1e6)
-                try:
-                    await self._put_in_force(applied, config)
-                except (ConfigRejected, TritonUnreachable) as error:
-                    log.warning(
-                        "triton %s: loading config v%d again failed: %s",
-                        self.model,
-                        self._version,
-                        error,
-                    )
-                    continue
-                self.counts.reapplied += 1
+                await self._check_served()
+
+    async def _check_served(self) -> None:
+        """Under the lock: what Triton serves, and this engine's config again if that
+        is not it."""
+        try:
+            serving = Knobs.read(await self._read_config())
+        except TritonUnreachable:
+            return  # collect() reports the outage; try again next round
+        self._serving = serving
+        if self._applied is None or serving == self._applied:
+            return
+        self.counts.restarts_detected += 1
+        log.warning(
+            "triton %s serves %s, not %s (restarted?): loading config v%d again",
+            self.model,
+            serving.describe(),
+            self._applied.describe(),
+            self._version,
+        )
+        applied = self._applied
+        config = BatchConfig(applied.max_batch_size, applied.max_queue_delay_us / 1e6)
+        try:
+            await self._put_in_force(applied, config)
+        except (ConfigRejected, TritonUnreachable) as error:
+            log.warning(
+                "triton %s: loading config v%d again failed: %s", self.model, self._version, error
+            )
+            return
+        self.counts.reapplied += 1
 
     def _grpc(self) -> InferenceServerClient:
         assert self._client is not None, "start() first"
