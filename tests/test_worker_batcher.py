@@ -18,6 +18,7 @@ from virtual_time import run_virtual
 
 from adaptive.config import BatchConfig
 from adaptive.warmup import WarmupTracker
+from server.clock import LoopClock
 from server.worker.admission import QueueLimit
 from server.worker.batching import DeadlineExceeded, DynamicBatcher, QueueFull, WorkerFailed
 from server.worker.metrics import WorkerMetrics
@@ -67,9 +68,10 @@ def run(coroutine):
 
 def virtual(runner, config, service_s=0.25, warm_s=1.0, **options) -> DynamicBatcher:
     """A batcher whose batches take `service_s` (a number or f(size, padded)) and whose
-    buckets take `warm_s` each, exactly, on the virtual-time loop."""
+    buckets take `warm_s` each, exactly, on the virtual-time loop (and its clock)."""
     service = service_s if callable(service_s) else (lambda size, padded: service_s)
     execution = ModelledExecution(runner, service, lambda size: warm_s)
+    options.setdefault("clock", LoopClock())
     return DynamicBatcher(runner, config, execution=execution, spin_s=0.0, **options)
 
 
@@ -644,6 +646,37 @@ def test_instances_run_batches_concurrently():
     runner, finished_at = run_virtual(scenario())
     assert runner.dispatched_at == [0.0] * 4 + [0.05] * 4  # four at a time
     assert finished_at == 0.1
+
+
+def test_real_short_batches_on_uvloop_are_timed_to_the_microsecond():
+    """uvloop's `loop.time()` is libuv's millisecond clock, cached once per loop
+    iteration: timed on it, 113 of 200 batches of 0.2 ms of work measured exactly 0.0
+    and 199 of 200 queue waits 0.0. The batcher's own clock is `time.perf_counter()`."""
+    uvloop = pytest.importorskip("uvloop")
+    work_s = 0.0002
+
+    class Busy(EchoRunner):
+        def run(self, inputs, padded_size):
+            until = time.perf_counter() + work_s  # real work, well under a millisecond
+            while time.perf_counter() < until:
+                pass
+            return [2 * x for x in inputs]
+
+    async def scenario():
+        batcher = DynamicBatcher(Busy(), BatchConfig(1, 0.0), warm_at_start=False)
+        executions = []
+        batcher.on_batch = lambda size, cap, execution_s: executions.append(execution_s)
+        batcher.keep_windows()
+        await batcher.start()
+        served = [await batcher.submit(i) for i in range(50)]
+        await batcher.drain()
+        return served, executions, batcher.take_window()[0], batcher.stats.busy_s
+
+    served, executions, latencies, busy_s = uvloop.run(scenario())
+    assert [r.output for r in served] == [2 * i for i in range(50)]
+    assert min(executions) >= work_s and min(r.execution_s for r in served) >= work_s
+    assert min(latencies) >= work_s and busy_s >= 50 * work_s
+    assert all(r.queue_wait_s > 0 for r in served)  # from submit to the dispatch loop
 
 
 def test_instances_run_on_threads_at_the_same_time():

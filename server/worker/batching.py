@@ -14,20 +14,26 @@ Configs apply at the next batch formation; the queue is never touched, so nothin
 dropped, duplicated or reordered. Raising the cap past the warmed buckets warms the
 missing buckets in the background (smallest first) while the old cap serves, as the
 simulator's warm-up model says; batches run padded to the smallest warmed bucket.
-Warm-up follows `adaptive.warmup.WarmupTracker`, the simulator's state machine, fed the
-measured warm-ups: raising warms the missing buckets one after another, lowering is
-instant and releases the buckets above the new warm target (an abandoned warm-up is
-cancelled). Given the model's memory limit (server/worker/memory.py), the cap the worker
-accepts starts at the largest batch that fits: a config asking more (from the pool's
-controller) is clamped to it and said once in the log, and the top bucket is padded and
-warmed only up to it, as the simulator clamps its caps. A batch that runs out of memory
-is split in half and retried until it runs; a bucket that runs out of memory while
-warming ends the warm-up; either way the accepted cap is lowered to what ran (or warmed).
+Warm-up is a collaborator, `BucketWarmer` (server/worker/warming.py), on
+`adaptive.warmup.WarmupTracker`'s rules, fed the measured warm-ups: raising warms the
+missing buckets one after another, lowering is instant and releases the buckets above
+the new warm target (an abandoned warm-up is cancelled). Given the model's memory limit
+(server/worker/memory.py), the cap the worker accepts starts at the largest batch that
+fits: a config asking more (from the pool's controller) is clamped to it and said once
+in the log, and the top bucket is padded and warmed only up to it, as the simulator
+clamps its caps. A batch that runs out of memory is split in half and retried until it
+runs; a bucket that runs out of memory while warming ends the warm-up; either way the
+accepted cap is lowered to what ran (or warmed).
 
-Time comes from a `Clock` (the event loop's, by default) and model calls go through an
-`Execution` (threads, by default), so under a virtual-time loop with a modelled
-execution every dispatch instant is exact. Background tasks are supervised: a failure
-is logged, counted and, for the dispatch loop, makes the worker unready.
+Time comes from a `Clock`: by default `time.perf_counter()`
+(`server.clock.MonotonicClock`), so queue waits, execution times and latencies are
+measured to the microsecond, not in the whole milliseconds of uvloop's `loop.time()`;
+deadlines are read on it too, and slept for on the loop. Tests pass the loop's clock
+(`LoopClock`) instead and model calls go through an `Execution` (threads, by default),
+so under a virtual-time loop with a modelled execution every dispatch instant is exact.
+What a pool's collector reads is kept in `StatsWindows` (server/worker/windows.py).
+Background tasks are supervised: a failure is logged, counted and, for the dispatch
+loop, makes the worker unready.
 """
 
 from __future__ import annotations
@@ -44,12 +50,14 @@ from adaptive.clock import Clock
 from adaptive.config import BatchConfig
 from adaptive.grouped import GroupedBatcher
 from adaptive.latency import MemoryLimit
-from adaptive.warmup import WarmupStatus, WarmupTracker, bucket_for
-from server.clock import LoopClock
+from adaptive.warmup import bucket_for
+from server.clock import MonotonicClock
 from server.tasks import BackgroundErrors, spawn
 from server.worker.admission import QueueLimit, ServiceRate
 from server.worker.memory import describe_memory
 from server.worker.runner import Execution, ModelRunner, OutOfMemory, ThreadedExecution
+from server.worker.warming import BucketWarmer
+from server.worker.windows import StatsWindows
 from tidal_base.errors import TidalError
 
 log = logging.getLogger("tidal.worker")
@@ -115,7 +123,8 @@ class DynamicBatcher:
 
     queue_limit: how many requests may wait (default: unbounded); past it, `QueueFull`.
     memory: the model's memory limit, which bounds every cap (default: none known).
-    clock: where time comes from (default: the running event loop's).
+    clock: where time comes from (default: `time.perf_counter()`; a virtual-time test
+        passes the loop's).
     execution: how model calls are awaited (default: `runner` on `instances` threads).
     spin_s: how close to a deadline the loop yields instead of sleeping, because the
         selector sleeps in whole milliseconds; 0 on a virtual-time loop, whose timers
@@ -139,7 +148,7 @@ class DynamicBatcher:
     ) -> None:
         self.runner = runner
         self.instances = instances
-        self.clock = clock if clock is not None else LoopClock()
+        self.clock = clock if clock is not None else MonotonicClock()
         self.spin_s = spin_s
         self.stats = BatcherStats()
         self.errors = BackgroundErrors()  # the link records its loops' failures here too
@@ -159,53 +168,55 @@ class DynamicBatcher:
             if group_key is None
             else GroupedBatcher(config, lambda request: group_key(request.item))
         )
-        # Measured warm-ups: nothing is warm yet, or (warm_at_start=False) the config's
-        # buckets are taken as warm.
-        self._warmup = WarmupTracker(None, 0 if warm_at_start else config.warm_target)
-        self._warm_status = self._warmup.status(0.0)
         self._execution = (
             execution if execution is not None else ThreadedExecution(runner, instances)
         )
+        # Measured warm-ups: nothing is warm yet, or (warm_at_start=False) the config's
+        # buckets are taken as warm.
+        self.warmer = BucketWarmer(
+            self._execution,
+            self.clock,
+            self.errors,
+            0 if warm_at_start else config.warm_target,
+            run_size=self._bounded,
+            on_warmed=self._bucket_warmed,
+            on_out_of_memory=self._warm_out_of_memory,
+            on_abandoned=self._apply_serving_config,
+        )
+        self.windows = StatsWindows()  # what a pool's StatsCollector takes
         self._free = instances
         self._wake = asyncio.Event()
         self._closing = False
         self._in_flight: set[asyncio.Task] = set()
-        self._warm_task: asyncio.Task | None = None
-        self._warm_tasks: set[asyncio.Task] = set()  # the current one and cancelled ones
         self._loop_task: asyncio.Task | None = None
         self.on_batch = None  # called with (size, cap in force, execution seconds)
         self.on_dispatch = None  # called with seconds between when a batch was due and left
         self._free_since = 0.0  # when an instance last became free after all were busy
-        # The starting config's buckets are warm (until then the worker is not ready: it
-        # would serve at a partial cap); later warm-ups ahead of a spike do not count.
-        self.warmed_up = False
-        # Per-request windows for a pool's StatsCollector, kept only once one collects
-        # (`keep_windows`): a standalone worker would grow them by ~100 bytes a request.
-        self._keeping_windows = False
-        self._window_latencies: list[float] = []  # since the last take_window()
-        self._window_batches: dict[int, int] = {}
-        self._window_execution: dict[int, list[float]] = {}  # padded size -> seconds
-        self._window_ingress: list[float] = []  # seconds from the socket to the batcher
 
     # -- public ------------------------------------------------------------------
 
     async def start(self) -> None:
         self._loop_task = spawn(self._dispatch_loop(), "dispatch", self.errors, self._dispatch_died)
         self.reconfigure(self.config)
-        self.warmed_up = not self.warming
+        self.warmer.begin()
+
+    @property
+    def warmed_up(self) -> bool:
+        """The starting config's buckets are warm (until then the worker is not ready)."""
+        return self.warmer.warmed_up
 
     @property
     def warmed_buckets(self) -> tuple[int, ...]:
-        return self._warm_status.warmed
+        return self.warmer.status.warmed
 
     @property
     def warming_buckets(self) -> tuple[int, ...]:
         """The buckets being warmed, the next one first."""
-        return self._warm_status.warming
+        return self.warmer.status.warming
 
     @property
     def warming(self) -> bool:
-        return bool(self._warm_status.warming)
+        return bool(self.warmer.status.warming)
 
     @property
     def ready(self) -> bool:
@@ -244,7 +255,7 @@ class DynamicBatcher:
 
     @property
     def serving_cap(self) -> int:
-        cap = min(self.config.max_batch_size, self._warm_status.warm_cap or 1)
+        cap = min(self.config.max_batch_size, self.warmer.status.warm_cap or 1)
         return min(cap, self.accepted_cap) if self.accepted_cap else cap
 
     async def submit(self, item: Any, deadline_s: float | None = None) -> Served:
@@ -304,39 +315,33 @@ class DynamicBatcher:
             await asyncio.wait({self._loop_task})  # a dead loop was reported when it died
         if self._in_flight:  # only if the loop died with batches running
             await asyncio.wait(set(self._in_flight))
-        for task in self._warm_tasks:
-            task.cancel()
-        if self._warm_tasks:
-            await asyncio.wait(set(self._warm_tasks))
+        await self.warmer.close()
         self._execution.close()
+
+    # -- the pool's windows (`self.windows`) ------------------------------------------
 
     def keep_windows(self) -> None:
         """Keep the windows that `take_window`, `take_ingress_window` and
         `take_execution_window` return, from now on; whoever calls this takes them
         regularly (without it none are kept: nothing would ever empty them)."""
-        self._keeping_windows = True
+        self.windows.keep()
 
     def take_window(self) -> tuple[list[float], dict[int, int]]:
         """Latencies (queue wait + execution) and batch sizes since the last call."""
-        window = self._window_latencies, self._window_batches
-        self._window_latencies, self._window_batches = [], {}
-        return window
+        return self.windows.take()
 
     def record_ingress(self, seconds: float) -> None:
         """How long one request took from the worker's socket to `submit` (the HTTP
         layer's queue and parsing, which the batcher's own latencies do not see)."""
-        if self._keeping_windows:
-            self._window_ingress.append(seconds)
+        self.windows.record_ingress(seconds)
 
     def take_ingress_window(self) -> list[float]:
         """Ingress seconds recorded since the last call."""
-        window, self._window_ingress = self._window_ingress, []
-        return window
+        return self.windows.take_ingress()
 
     def take_execution_window(self) -> dict[int, list[float]]:
         """Execution seconds of each batch run since the last call, by padded size."""
-        window, self._window_execution = self._window_execution, {}
-        return window
+        return self.windows.take_execution()
 
     # -- the loop ------------------------------------------------------------------
 
@@ -435,12 +440,6 @@ class DynamicBatcher:
             return
         self._complete(batch, outputs, padded, dispatched_at, self.clock.now() - started)
 
-    def _record_window(self, batch, padded: int, dispatched_at: float, execution_s: float) -> None:
-        self._window_batches[len(batch)] = self._window_batches.get(len(batch), 0) + 1
-        self._window_execution.setdefault(padded, []).append(execution_s)
-        done_at = dispatched_at + execution_s
-        self._window_latencies.extend(done_at - q.arrived_at for q in batch)
-
     def _complete(
         self, batch, outputs, padded: int, dispatched_at: float, execution_s: float
     ) -> None:
@@ -454,8 +453,7 @@ class DynamicBatcher:
             s.padding_waste_sum += self._padding_waste([q.item.item for q in batch])
         if self.on_batch is not None:
             self.on_batch(len(batch), self.serving_cap, execution_s)
-        if self._keeping_windows:
-            self._record_window(batch, padded, dispatched_at, execution_s)
+        self.windows.record_batch(batch, padded, dispatched_at + execution_s, execution_s)
         for queued, output in zip(batch, outputs, strict=True):
             s.completed += 1
             if not queued.item.future.done():
@@ -473,55 +471,29 @@ class DynamicBatcher:
 
     def _padded_size(self, size: int) -> int:
         bucket = bucket_for(size)
-        return self._bounded(bucket) if bucket <= max(self._warm_status.warm_cap, 1) else size
+        return self._bounded(bucket) if bucket <= max(self.warmer.status.warm_cap, 1) else size
 
     def _bounded(self, bucket: int) -> int:
         """A bucket as it runs: the top one stops at the memory bound (6239 of 8192)."""
         bound = self.memory_max_batch
         return bucket if bound is None else min(bucket, bound)
 
-    # -- warm-up -------------------------------------------------------------------
+    # -- warm-up (`self.warmer`) -------------------------------------------------------
 
     def _request_warm_target(self) -> None:
-        """Tell the tracker what should be warm; start or cancel the warm task to match."""
+        """Warm what the config asks, up to what fits (what does not is not warmed)."""
         target = self.config.warm_target
         if self.accepted_cap is not None:
-            target = min(target, self.accepted_cap)  # what does not fit is not warmed
-        self._set_warm_status(lambda now: self._warmup.request(target, now))
-        if not self.warming:
-            self._cancel_warm_up()  # released: a warm-up in progress is of no use
-        elif self._warm_task is None:
-            self._warm_task = spawn(self._warm_up(), "warm-up", self.errors, self._warm_failed)
-            self._warm_tasks.add(self._warm_task)
-            self._warm_task.add_done_callback(self._warm_tasks.discard)
+            target = min(target, self.accepted_cap)
+        self.warmer.request(target)
 
-    def _cancel_warm_up(self) -> None:
-        if self._warm_task is not None:
-            self._warm_task.cancel()
-            self._warm_task = None
-
-    async def _warm_up(self) -> None:
-        """Warm the tracker's pending buckets, smallest first, each marked warm when its
-        measured warm-up finishes."""
-        try:
-            while self._warm_status.warming:
-                bucket = self._warm_status.warming[0]
-                try:
-                    seconds = await self._execution.warm(self._bounded(bucket))
-                except OutOfMemory as error:
-                    self._warm_out_of_memory(bucket, error)
-                    return
-                self._set_warm_status(lambda now, b=bucket: self._warmup.mark_warm(b, now))
-                self.stats.warmup_s[bucket] = seconds
-                self._apply_serving_config()
-        finally:
-            if self._warm_task is asyncio.current_task():
-                self._warm_task = None
+    def _bucket_warmed(self, bucket: int, seconds: float) -> None:
+        self.stats.warmup_s[bucket] = seconds
+        self._apply_serving_config()
 
     def _warm_out_of_memory(self, bucket: int, error: OutOfMemory) -> None:
         """Like a batch that does not fit: counted, and the cap lowered to what warmed."""
         self.stats.warmup_ooms += 1
-        self._set_warm_status(self._warmup.abandon)
         self._accept_at_most(max(1, bucket // 2))
         log.warning(
             "bucket %d ran out of memory while warming (%s): accepting batches of up to %d",
@@ -529,18 +501,6 @@ class DynamicBatcher:
             error,
             self.accepted_cap,
         )
-
-    def _warm_failed(self, error: BaseException) -> None:
-        """A warm-up failed (logged and counted by `spawn`): serve what is warm."""
-        self._set_warm_status(self._warmup.abandon)
-        self._apply_serving_config()
-
-    def _set_warm_status(self, change) -> None:
-        now = self.clock.now()
-        change(now)
-        self._warm_status: WarmupStatus = self._warmup.status(now)
-        if self._loop_task is not None and not self._warm_status.warming:
-            self.warmed_up = True
 
     def _accept_at_most(self, cap: int) -> None:
         self.accepted_cap = max(1, min(self.accepted_cap or cap, cap))
