@@ -10,6 +10,7 @@ the real engines' tests (test_ray_serve.py, test_triton.py) prove it on them.
 import asyncio
 import logging
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from test_control_loop_shell import control_loop
 from test_controller_api import running
@@ -22,6 +23,7 @@ from server.bus.local import LocalPoolBus
 from server.clock import LoopClock
 from server.engines.member import EngineUnreachable, PoolMember
 from server.engines.protocols import ConfigRejected
+from server.engines.triton_cli import LEAVE_TIMEOUT_S, leave_pool
 from server.tasks import BackgroundErrors
 
 
@@ -197,3 +199,43 @@ def test_an_unreachable_engine_is_an_outage_the_member_beats_through(caplog):
     assert sum("unreachable" in line for line in said) == 1, said
     assert sum("answers again" in line for line in said) == 1, said
     assert not [r for r in caplog.records if r.exc_info], "a traceback for an outage"
+
+
+class StuckEngine(CappedEngine):
+    """Its last window never comes (an adapter that hangs), or its collect has a bug."""
+
+    def __init__(self, failure: str) -> None:
+        super().__init__(64)
+        self.failure = failure
+        self.stopping = False
+
+    async def collect(self) -> WorkerStats:
+        if self.stopping and self.failure == "hangs":
+            await asyncio.sleep(3600)
+        if self.stopping and self.failure == "bug":
+            raise KeyError("nv_inference_count")
+        return await super().collect()
+
+
+@pytest.mark.parametrize(("failure", "error"), [("hangs", "TimeoutError"), ("bug", "KeyError")])
+def test_a_failure_while_leaving_the_pool_is_logged_with_its_traceback(caplog, failure, error):
+    """`tidal engine triton` stopping: the member's stop either ends within its time or
+    what went wrong is logged with its traceback, never swallowed; the process goes on
+    to close the engine and exit."""
+
+    async def scenario():
+        engine = StuckEngine(failure)
+        member = PoolMember(engine, LocalPoolBus(), "p", "m", LoopClock(), BackgroundErrors())
+        member.start()
+        await asyncio.sleep(2.5)
+        engine.stopping = True
+        started = asyncio.get_running_loop().time()
+        await leave_pool(member)
+        return asyncio.get_running_loop().time() - started
+
+    with caplog.at_level(logging.INFO, logger="tidal"):
+        took_s = run_virtual(scenario())
+    assert took_s <= LEAVE_TIMEOUT_S
+    failed = [r for r in caplog.records if "leaving the pool failed" in r.getMessage()]
+    assert len(failed) == 1 and failed[0].exc_info is not None
+    assert failed[0].exc_info[0].__name__ == error

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import signal
 import socket
@@ -25,6 +24,9 @@ from simulations.cli import duration_arg
 from tidal_base.errors import InvalidInput
 
 log = logging.getLogger("tidal.triton")
+
+LEAVE_TIMEOUT_S = 10.0
+"""How long the member may take to send its last window when the process stops."""
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -183,10 +185,19 @@ async def _serve(args: argparse.Namespace, flags: TritonFlags) -> int:
         loop.add_signal_handler(number, stopping.set)
     await stopping.wait()
     log.info("stopping: the model keeps serving config v%d", engine.version)
-    with contextlib.suppress(Exception):  # leaving: Redis or Triton may be gone already
-        await asyncio.wait_for(member.stop(), timeout=10)
+    await leave_pool(member)
     await engine.close()
     return 0
+
+
+async def leave_pool(member, timeout_s: float = LEAVE_TIMEOUT_S) -> None:
+    """Stop `member` (its last window sent) within `timeout_s`. The member rides out
+    Redis or Triton being gone; anything else (a hang, a bug) is logged with its
+    traceback, and the process goes on to exit: the model serves on either way."""
+    try:
+        await asyncio.wait_for(member.stop(), timeout=timeout_s)
+    except Exception:
+        log.exception("leaving the pool failed (its last window may be lost)")
 
 
 async def _start_within(engine, wait_s: float) -> None:
