@@ -16,14 +16,24 @@ run on a thread by the live shell) and the next decision record says so.
 
 Tail safety: when actual load runs outside the forecast band for `fallback_after_s`
 (or there is no forecast yet), the fallback policy (reactive by default) decides until
-the forecast has been right again for `recover_after_s`. A shadow policy decides beside
-the active one on the same snapshots; its answers are recorded and never applied.
+the forecast has been right again for `recover_after_s`.
+
+Ownership: a controller owns its policy, its shadow, its forecast feed, its latency
+learner, its guards and the background jobs it hands out (`take_jobs`: refits, table
+rebuilds); a job's outcome goes back only to the controller that asked (`finish`). A
+shadow policy runs in a controller of its own, with its own forecast feed, fallback and
+guards, stepped on the same observations; its choices are recorded and never applied.
+A policy object decides for one controller only (`claim`): every boundary (a switch, a
+promotion, the simulator and live) builds a fresh one from its spec, so no state
+recorded on one clock is read on another.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, is_dataclass, replace
+from typing import ClassVar
 
 import numpy as np
 
@@ -32,7 +42,7 @@ from adaptive.change_cost import ChangeCost
 from adaptive.config import BatchConfig
 from adaptive.decisions import DecisionRecord, ForecastUsed, Mode, ShadowDecision
 from adaptive.fleet import FleetLimits, FleetView
-from adaptive.forecast_feed import ForecastFeed
+from adaptive.forecast_feed import FitFailed, FitJob, FitOutcome, ForecastFeed
 from adaptive.guards import Guard, Guardrails
 from adaptive.latency import LatencyModel
 from adaptive.learned_latency import Drift, LatencyLearner, LearningSettings
@@ -41,7 +51,7 @@ from adaptive.policy import Decision, ForecastingPolicy, PlanningPolicy, Policy,
 from adaptive.reactive import ReactivePolicy
 from forecaster.events import Event
 from forecaster.forecast import Forecast
-from tidal_base.errors import InvalidInput
+from tidal_base.errors import InvalidInput, PolicyInUse
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,18 +103,56 @@ TableCompiler = Callable[[LatencyModel, int, float], PerformanceTable]
 @dataclass(frozen=True)
 class ReplanJob:
     """A planner's table to rebuild for a learned latency model (seconds of CPU: the live
-    shell runs `run` on a thread and hands the result to `Controller.install_replan`)."""
+    shell runs `run` on a thread and hands the result to `Controller.finish`)."""
 
+    kind: ClassVar[str] = "replan"
     model: LatencyModel
     drift: Drift
     optimizers: tuple[ConfigOptimizer, ...]  # those in use, one per planning policy
+    compile_table: TableCompiler
+    planners: tuple[PlanningPolicy, ...] = field(default=(), compare=False, repr=False)
 
-    def run(self, compile_table: TableCompiler) -> tuple[ConfigOptimizer, ...]:
+    def run(self) -> tuple[ConfigOptimizer, ...]:
         """The same optimisers (SLO, margin, pool size) on tables of the new model."""
+        compile_table = self.compile_table
         return tuple(
             ConfigOptimizer(compile_table(self.model, o.table.workers, o.slo_s), o.slo_s, o.margin)
             for o in self.optimizers
         )
+
+
+@dataclass(frozen=True)
+class RefitJob:
+    """A forecast refit for one feed (the active policy's or the shadow's): `run` returns
+    a `FitOutcome` and never raises (a failed fit is an outcome)."""
+
+    kind: ClassVar[str] = "refit"
+    fit: FitJob
+    feed: ForecastFeed = field(compare=False, repr=False)  # the feed that asked
+
+    def run(self) -> FitOutcome:
+        return self.fit.run()
+
+
+ControllerJob = RefitJob | ReplanJob
+"""Work a controller hands its shell to run off the control step (`Controller.take_jobs`)."""
+
+
+_serials = itertools.count(1)
+
+
+def claim(policy: Policy, serial: int) -> None:
+    """Take `policy` for the controller numbered `serial`; `PolicyInUse` if another
+    controller has it. A frozen dataclass holds no state and may be shared."""
+    if is_dataclass(policy) and type(policy).__dataclass_params__.frozen:
+        return
+    owner = getattr(policy, "_tidal_controller", None)
+    if owner is not None and owner != serial:
+        raise PolicyInUse(
+            f"policy {policy.spec!r} already decides for another controller (its state is "
+            "on that controller's clock): build a fresh one from its spec"
+        )
+    policy._tidal_controller = serial  # type: ignore[attr-defined]
 
 
 class Controller:
@@ -118,10 +166,18 @@ class Controller:
         fallback: Policy | None = None,
         shadow: Policy | None = None,
         compile_table: TableCompiler | None = None,
+        learner: LatencyLearner | None = None,
     ) -> None:
+        """`shadow` decides in a controller of its own, never applied. `learner`: what
+        serving taught a controller this one replaces (a copy, `LatencyLearner.copy`);
+        None starts from `settings.latency`."""
+        self.serial = next(_serials)
+        for owned in filter(None, (policy, fallback)):
+            claim(owned, self.serial)
         self.policy = policy
         self.settings = settings
-        self.shadow = shadow
+        self.shadow: Controller | None = None
+        self.set_shadow(shadow)
         self.guard = Guard(settings.guardrails)
         self._spec = policy.spec
         self.feed = self._feed(policy, settings)
@@ -149,7 +205,9 @@ class Controller:
         # The learned latency model, the model the planner's table was compiled from,
         # and the rebuilds: asked for (`_replan`), taken by the shell, installed.
         prior = settings.latency
-        self.latency = None if prior is None else LatencyLearner(prior, settings.learning)
+        if learner is None and prior is not None:
+            learner = LatencyLearner(prior, settings.learning)
+        self.latency = learner if prior is not None else None
         self.planned_latency = settings.latency
         self.replans = 0
         self.last_replan: str | None = None  # why the table was last rebuilt
@@ -158,6 +216,20 @@ class Controller:
         self._replan_taken = False
         self._replanned_at = -float("inf")
         self._replan_note: str | None = None  # for the next decision record
+
+    @property
+    def spec(self) -> str:
+        """The spec of the policy that decides."""
+        return self._spec
+
+    def set_shadow(self, shadow: Policy | None) -> None:
+        """Run `shadow` beside from the next step, in a controller of its own (None: no
+        shadow). A refit the one it replaces asked for is dropped when it finishes."""
+        self.shadow = None if shadow is None else self._shadow_controller(shadow)
+
+    def _shadow_controller(self, shadow: Policy) -> Controller:
+        # The shadow plans on the tables this controller rebuilds and learns nothing itself.
+        return Controller(shadow, replace(self.settings, latency=None))
 
     def adopt(self, config: BatchConfig) -> None:
         """Take over a pool whose workers run `config` (a new leader, a policy switch)."""
@@ -203,9 +275,12 @@ class Controller:
             self.replicas = override.replicas
 
     def set_events(self, events: tuple[Event, ...]) -> None:
+        """Declared events changed: forecast with them from the next step (the shadow too)."""
         self.settings = replace(self.settings, events=events)
         if self.feed is not None:
             self.feed.set_events(events)
+        if self.shadow is not None:
+            self.shadow.set_events(events)
 
     @staticmethod
     def _feed(policy: Policy, settings: ControllerSettings) -> ForecastFeed | None:
@@ -224,6 +299,12 @@ class Controller:
     def step(self, now: float, stats: PoolStats, fleet: FleetView | None = None) -> DecisionRecord:
         """One control step at `now` (seconds on the shell's clock) on one tick's stats;
         `fleet` is the pool's replicas as the shell sees them (a fleet that can change)."""
+        if self.last is not None and now < self.last.at_s:
+            raise InvalidInput(
+                f"controller of pool {self.settings.pool!r} stepped at {now:.3f} s after "
+                f"{self.last.at_s:.3f} s: one controller runs on one clock"
+            )
+        shadow = None if self.shadow is None else self.shadow.step(now, stats, fleet)
         forecast = self._observe(now, stats)
         self._learn(now, stats)
         fleet = self._fleet_view(fleet)
@@ -240,12 +321,13 @@ class Controller:
             forecast=forecast,
             reload_s=self.settings.reload_s,
         )
-        return self._decide(snapshot)
+        return self._decide(snapshot, shadow)
 
     # -- the learned latency model -------------------------------------------------------
 
     def _planners(self) -> tuple[PlanningPolicy, ...]:
-        return tuple(p for p in (self.policy, self.shadow) if isinstance(p, PlanningPolicy))
+        shadow = None if self.shadow is None else self.shadow.policy
+        return tuple(p for p in (self.policy, shadow) if isinstance(p, PlanningPolicy))
 
     def _learn(self, now: float, stats: PoolStats) -> None:
         """Take the tick's execution times; ask for a rebuilt table on drift."""
@@ -267,27 +349,65 @@ class Controller:
         drift = learner.drift(self.planned_latency)
         if drift.batch_size is None or abs(drift.relative) < learning.drift_threshold:
             return
-        self._replan = ReplanJob(learner.model(), drift, tuple(p.optimizer for p in planners))
+        optimizers = tuple(p.optimizer for p in planners)
+        self._replan = ReplanJob(learner.model(), drift, optimizers, self._compile_table, planners)
         self._replanned_at = now
         if not self.settings.defer_fits:  # a synchronous shell rebuilds in the step
-            job = self.take_replan_job()
-            self.install_replan(job, job.run(self._compile_table))
+            job = self._take_replan_job()
+            self.install_replan(job, job.run())
 
-    def take_replan_job(self) -> ReplanJob | None:
+    # -- background jobs -------------------------------------------------------------
+
+    def take_jobs(self) -> tuple[ControllerJob, ...]:
+        """The work this controller wants run off the step (refits of its feed and its
+        shadow's, a table rebuild), each handed out once; the shell runs `job.run()`
+        anywhere and gives the outcome back to this controller's `finish`, or drops it
+        if this controller has been replaced meanwhile."""
+        jobs: list[ControllerJob] = []
+        for feed in filter(None, (self.feed, self._shadow_feed())):
+            fit = feed.take_fit_job()
+            if fit is not None:
+                jobs.append(RefitJob(fit, feed))
+        replan = self._take_replan_job()
+        if replan is not None:
+            jobs.append(replan)
+        return tuple(jobs)
+
+    def finish(self, job: ControllerJob, outcome: object) -> bool:
+        """Take back a job's outcome: what `job.run()` returned, or the exception it
+        raised. A failed refit is counted by its feed and retried after a backoff; a
+        failed rebuild is asked for again after the learning interval. False (nothing
+        installed) for a job of a feed this controller no longer has (a shadow replaced)."""
+        if isinstance(job, RefitJob):
+            if job.feed is not self.feed and job.feed is not self._shadow_feed():
+                return False
+            if isinstance(outcome, Exception):
+                outcome = FitFailed(outcome)
+            job.feed.install(job.fit, outcome)
+        elif job is not self._replan:
+            return False
+        elif isinstance(outcome, Exception):
+            self.replan_failed(job)
+        else:
+            self.install_replan(job, outcome)
+        return True
+
+    def _shadow_feed(self) -> ForecastFeed | None:
+        return None if self.shadow is None else self.shadow.feed
+
+    def _take_replan_job(self) -> ReplanJob | None:
         """The rebuild asked for and not yet taken (the shell runs it, then installs it)."""
         if self._replan is None or self._replan_taken:
             return None
         self._replan_taken = True
         return self._replan
 
-    def run_replan(self, job: ReplanJob) -> tuple[ConfigOptimizer, ...]:
-        """`job` with this controller's table compiler (for the shell's thread)."""
-        return job.run(self._compile_table)
-
     def install_replan(self, job: ReplanJob, optimizers: tuple[ConfigOptimizer, ...]) -> None:
         """Plan on the rebuilt tables from the next step; the next record says why."""
-        for policy, optimizer in zip(self._planners(), optimizers, strict=True):
-            policy.replan(optimizer)
+        current = self._planners()
+        for policy, optimizer in zip(job.planners, optimizers, strict=True):
+            if any(policy is p for p in current):  # not a shadow replaced meanwhile
+                policy.replan(optimizer)
         self.planned_latency = job.model
         self.replans += 1
         self.last_replan = (
@@ -352,7 +472,7 @@ class Controller:
             )
         return self._forecast_here
 
-    def _decide(self, snapshot: Snapshot) -> DecisionRecord:
+    def _decide(self, snapshot: Snapshot, shadowed: DecisionRecord | None) -> DecisionRecord:
         now = snapshot.now
         decision = self.policy.decide(snapshot) if snapshot.forecast or not self.feed else None
         if self.fallback is not None:
@@ -361,9 +481,13 @@ class Controller:
             if self.mode is Mode.FALLBACK:
                 decision = _more_cautious(backup, decision, self.mode_reason, self.fallback.spec)
         shadow = None
-        if self.shadow is not None:
-            answer = self.shadow.decide(snapshot)
-            shadow = ShadowDecision(self.shadow.spec, answer.config, answer.reason)
+        if shadowed is not None:  # what it would run, and why, guards included
+            why = (
+                shadowed.reason
+                if shadowed.guard is None
+                else f"{shadowed.reason}; {shadowed.guard}"
+            )
+            shadow = ShadowDecision(shadowed.policy, shadowed.chosen, why)
         if self.override is not None and now >= self.override.until_s:
             self.override, self._released = None, True
         # Right after a pin ends the policy's config resumes at once: the dwell guards

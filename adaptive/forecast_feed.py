@@ -11,6 +11,12 @@ The band is calibrated on the model's own recent errors per horizon
 calibration outlives refits; the oracle, which knows the future, and the stand-in keep
 their own band.
 
+A refit that fails (statsmodels' `ValueError` or `LinAlgError` on a degenerate history)
+is an outcome, not a crash: the feed keeps the last good fit (or the stand-in), counts
+the failure (`fit_failures`, `last_fit_error`), and tries again after a backoff that
+doubles from one step up to `refit_s`, in the simulator (fits inline) and live (fits on
+a thread) alike.
+
 The feed also scores the forecast: each step's actual count is checked against the band
 predicted for it one step earlier, and `outside_band_s` says how long actual load has
 run outside the band: the controller's trigger to fall back to a reactive policy.
@@ -34,21 +40,39 @@ from tidal_base.errors import InvalidInput
 
 
 @dataclass(frozen=True)
+class FitFailed:
+    """A fit that raised: the model could not be fitted on this history (a singular
+    matrix, a degenerate series). The feed keeps forecasting with what it has."""
+
+    error: Exception
+
+    def describe(self) -> str:
+        return f"{type(self.error).__name__}: {self.error}"
+
+
+FitOutcome = FittedForecaster | InvalidInput | FitFailed
+"""What a fit ends in: a fitted model, the `InvalidInput` that says why the model cannot
+fit yet (too little history: the stand-in forecasts), or a failure."""
+
+
+@dataclass(frozen=True)
 class FitJob:
     """A refit the feed wants: `run()` fits `model` on `series` (seconds of CPU for MSTL
-    on days of history), anywhere, and returns the fitted model or the `InvalidInput`
-    that says why it cannot fit; `ForecastFeed.install` takes the outcome back."""
+    on days of history), anywhere, and returns its `FitOutcome`; it never raises.
+    `ForecastFeed.install` takes the outcome back."""
 
     model: Forecaster
     series: RateSeries
     end_s: float
     closed_steps: int  # the feed's closed steps when the series was cut
 
-    def run(self) -> FittedForecaster | InvalidInput:
+    def run(self) -> FitOutcome:
         try:
             return self.model.fit(self.series)
         except InvalidInput as error:
             return error
+        except Exception as error:  # a model's own failure (LinAlgError...) is an outcome
+            return FitFailed(error)
 
 
 class ForecastFeed:
@@ -110,6 +134,11 @@ class ForecastFeed:
         self.steps_scored = 0
         self.steps_outside = 0
         self.last_error_rps: float | None = None  # actual - forecast mean, last step scored
+        self.fits = 0  # fits installed (the first included)
+        self.fit_failures = 0  # fits that raised, in all
+        self.last_fit_error: str | None = None  # the last failure's, until a fit succeeds
+        self._failed_in_a_row = 0
+        self._retry_at = -math.inf  # no fit is tried before this (backoff after failures)
 
     def observe(self, now: float, arrivals: int) -> Forecast | None:
         """Count this tick's arrivals; at a step boundary, update and predict."""
@@ -174,10 +203,14 @@ class ForecastFeed:
             self._taken = job
         return job
 
-    def install(self, job: FitJob, outcome: FittedForecaster | InvalidInput) -> None:
+    def install(self, job: FitJob, outcome: FitOutcome) -> None:
         """Take a finished refit back: catch it up on the steps closed since its series
-        was cut and forecast with it (or, if it could not fit, with the stand-in)."""
+        was cut and forecast with it (if it could not fit yet, with the stand-in; if it
+        failed, with what the feed had, trying again after a backoff)."""
         self._taken = None
+        if isinstance(outcome, FitFailed):
+            self._fit_failed(job.end_s, outcome)
+            return
         if isinstance(outcome, InvalidInput):
             self._use_stand_in(self._series(self._step_end - self.step_s), outcome)
             return
@@ -186,8 +219,24 @@ class ForecastFeed:
             outcome.update(np.array(list(self._history)[-missed:]))
         if isinstance(outcome, FittedEventAware) and isinstance(self._model, EventAware):
             outcome.events = self._model.events  # events may have changed meanwhile
-        self._fitted, self._stand_in_reason, self._fitted_at = outcome, None, job.end_s
+        self._fitted_with(outcome, job.end_s)
         self.forecast = self._predict()
+
+    def _fitted_with(self, fitted: FittedForecaster, end_s: float) -> None:
+        self._fitted, self._stand_in_reason, self._fitted_at = fitted, None, end_s
+        self.fits += 1
+        self._failed_in_a_row, self.last_fit_error = 0, None
+
+    def _fit_failed(self, end_s: float, failure: FitFailed) -> None:
+        """Keep the last good fit (or the stand-in) and try again after a backoff that
+        doubles from one step up to the refit interval."""
+        self.fit_failures += 1
+        self._failed_in_a_row += 1
+        self.last_fit_error = failure.describe()
+        backoff_s = min(self.step_s * 2 ** (self._failed_in_a_row - 1), self.refit_s)
+        self._retry_at = end_s + backoff_s
+        if self._stand_in_reason is not None:  # no good fit yet: the stand-in says why
+            self._stand_in_reason = f"last value: the fit failed ({self.last_fit_error})"
 
     def _close_step(self, count: float, end_s: float) -> None:
         self._score(count, end_s)
@@ -197,7 +246,8 @@ class ForecastFeed:
         self._closed_steps += 1
         if self._fitted is not None and self._stand_in_reason is None:
             self._fitted.update(np.array([count]))
-        if end_s - self._fitted_at >= self.refit_s or self._stand_in_reason is not None:
+        due = end_s - self._fitted_at >= self.refit_s or self._stand_in_reason is not None
+        if due and end_s >= self._retry_at:
             self._try_fit(end_s)
         if self._fitted is not None:
             self.forecast = self._predict()
@@ -252,10 +302,12 @@ class ForecastFeed:
                 self._job = job
             return
         outcome = job.run()
-        if isinstance(outcome, InvalidInput):
+        if isinstance(outcome, FitFailed):
+            self._fit_failed(end_s, outcome)
+        elif isinstance(outcome, InvalidInput):
             self._use_stand_in(series, outcome)
-            return
-        self._fitted, self._stand_in_reason, self._fitted_at = outcome, None, end_s
+        else:
+            self._fitted_with(outcome, end_s)
 
     def _use_stand_in(self, series: RateSeries, why: InvalidInput) -> None:
         if not self._history:

@@ -32,6 +32,7 @@ import numpy as np
 
 from adaptive.histogram import (
     BUCKET_REPRESENTATIVES_S,
+    MIN_VALUE_S,
     NUM_BUCKETS,
     LatencyHistogram,
     add_buckets,
@@ -136,6 +137,11 @@ class _SizeState:
         self.batches = 0.0
         self.total_s = 0.0
 
+    def copy(self) -> _SizeState:
+        twin = _SizeState()
+        twin.counts, twin.batches, twin.total_s = self.counts.copy(), self.batches, self.total_s
+        return twin
+
     def add(self, times: ExecutionTimes) -> None:
         add_buckets(self.counts, times.buckets)
         self.batches += times.batches
@@ -145,6 +151,11 @@ class _SizeState:
         self.counts *= factor
         self.batches *= factor
         self.total_s *= factor
+
+    def mean_s(self) -> float:
+        """The decayed mean, never below the histogram's resolution: a batch timed at
+        zero ran under the clock's resolution, not for free (a ratio to it is defined)."""
+        return max(self.total_s / self.batches, MIN_VALUE_S)
 
     def p99_s(self) -> float:
         cumulative = self.counts.cumsum()
@@ -161,6 +172,15 @@ class LatencyLearner:
         self._sizes: dict[int, _SizeState] = {}
         self._at: float | None = None
         self._model: LatencyModel | None = None  # cached until the next observation
+
+    def copy(self) -> LatencyLearner:
+        """An independent learner that knows what this one knows (a controller that
+        replaces another starts from what serving taught it, on the same clock)."""
+        twin = LatencyLearner(self.prior, self.settings)
+        for size, state in self._sizes.items():
+            twin._sizes[size] = state.copy()
+        twin._at = self._at
+        return twin
 
     @property
     def measured_batches(self) -> float:
@@ -215,7 +235,7 @@ class LatencyLearner:
                 ("mean", _mean(model, at), _mean(against, at)),
                 ("p99", _p99(model, at), _p99(against, at)),
             ):
-                change = ours / theirs - 1.0
+                change = math.expm1(_log_ratio(ours, theirs))
                 if worst.batch_size is None or abs(change) > abs(worst.relative):
                     worst = Drift(change, size, measure)
         return worst
@@ -229,7 +249,7 @@ class LatencyLearner:
         at = np.array([size], dtype=np.float64)
         prior_mean, prior_p99 = _mean(self.prior, at), _p99(self.prior, at)
         w = self._weight(state.batches)
-        measured_mean = state.total_s / state.batches
+        measured_mean = state.mean_s()
         measured_p99 = max(state.p99_s(), measured_mean)
         mean = w * measured_mean + (1 - w) * prior_mean
         p99 = max(w * measured_p99 + (1 - w) * prior_p99, mean)
@@ -244,10 +264,10 @@ class LatencyLearner:
             if state.batches <= 0:
                 continue
             at = np.array([size], dtype=np.float64)
-            measured_mean = state.total_s / state.batches
-            log_mean += state.batches * math.log(measured_mean / _mean(self.prior, at))
+            measured_mean = state.mean_s()
+            log_mean += state.batches * _log_ratio(measured_mean, _mean(self.prior, at))
             measured_p99 = max(state.p99_s(), measured_mean)
-            log_p99 += state.batches * math.log(measured_p99 / _p99(self.prior, at))
+            log_p99 += state.batches * _log_ratio(measured_p99, _p99(self.prior, at))
             weight += state.batches
         shrunk = weight + self.settings.prior_batches
         return math.exp(log_mean / shrunk), math.exp(log_p99 / shrunk)
@@ -286,6 +306,12 @@ class LatencyLearner:
             self.prior.memory,
             source,
         )
+
+
+def _log_ratio(measured_s: float, prior_s: float) -> float:
+    """log(measured/prior), both floored at the histogram's resolution (a zero from a
+    coarse clock, or a prior that calls a size free, must not make it undefined)."""
+    return math.log(max(measured_s, MIN_VALUE_S) / max(prior_s, MIN_VALUE_S))
 
 
 def _prior_sizes(prior: LatencyModel) -> tuple[int, ...]:

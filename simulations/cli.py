@@ -335,6 +335,14 @@ def _run(args: argparse.Namespace) -> int:
     report = _simulate_with_progress(
         trace, policies, settings, latency, args.no_progress, shadows, args.processes
     )
+    for result in report.results:  # a model that would not fit: kept going, said here
+        if result.fit_failures:
+            print(
+                f"simulate: {result.policy}: {result.fit_failures} forecast fits failed "
+                f"(last: {result.last_fit_error}); it forecast with its last good fit and "
+                "retried after a backoff",
+                file=sys.stderr,
+            )
     _emit(report, args)
     return 0
 

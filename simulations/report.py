@@ -46,6 +46,7 @@ def policy_summary(result: PolicyResult) -> dict[str, Any]:
         "max_replicas": result.max_replicas,
         "replica_changes": result.replica_changes,
         "fallback_s": round(result.fallback_s, 3),
+        "forecast_fit_failures": result.fit_failures,
         "clamped_max_batch": (
             {"requested": result.clamped_from, "applied": result.max_feasible_batch}
             if result.clamped_from

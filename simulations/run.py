@@ -22,6 +22,7 @@ import numpy as np
 from adaptive.bus import WorkerStats, observe_pool
 from adaptive.controller import Controller, ControllerSettings
 from adaptive.decisions import DecisionRecord, Mode
+from adaptive.forecast_feed import ForecastFeed
 from adaptive.guards import Guardrails
 from adaptive.histogram import NUM_BUCKETS, LatencyHistogram, LatencySummary
 from adaptive.latency import LatencyModel
@@ -99,6 +100,10 @@ class PolicyResult:
     config_changes: int
     timeline: tuple[WindowRow, ...]
     fallback_s: float = 0.0
+    # Forecast fits that raised (the policy's and its shadow's), and the last one's error:
+    # the feed kept its last good fit and retried after a backoff.
+    fit_failures: int = 0
+    last_fit_error: str | None = None
     decisions: tuple[DecisionRecord, ...] = field(default=(), repr=False)
     clamped_from: int | None = None
     max_feasible_batch: int | None = None
@@ -284,6 +289,11 @@ class _PolicyRun:
     def idle(self) -> bool:
         return self.pool.queue_depth == 0
 
+    def _feeds(self) -> list[ForecastFeed]:
+        shadow = self.controller.shadow
+        feeds = (self.controller.feed, None if shadow is None else shadow.feed)
+        return [f for f in feeds if f is not None]
+
     def result(self, requests: int, duration_s: float) -> PolicyResult:
         completed, shed, within, batches, size_sum, fill_sum = self.counts
         histogram = LatencyHistogram()
@@ -292,6 +302,7 @@ class _PolicyRun:
         settings = self.settings.pool
         fixed = settings.fleet is None
         replica_seconds = settings.workers * span_s if fixed else self.pool.replica_seconds
+        feeds = self._feeds()
         return PolicyResult(
             policy=self.policy.spec,
             requests=requests,
@@ -309,6 +320,8 @@ class _PolicyRun:
             config_changes=self.controller.config_changes,
             timeline=tuple(self.timeline.rows),
             fallback_s=self.controller.fallback_s,
+            fit_failures=sum(f.fit_failures for f in feeds),
+            last_fit_error=next((f.last_fit_error for f in feeds if f.last_fit_error), None),
             decisions=tuple(self.records),
             clamped_from=self.pool.clamped_from,
             max_feasible_batch=self.pool.max_feasible_batch,

@@ -53,7 +53,9 @@ def ensure_installed(report=print) -> list[str]:
     packages = missing_packages()
     if not packages:
         return []
-    command = ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *packages]
+    # Wait for another apt (a second test session on the same machine) rather than fail.
+    wait = ["-o", "DPkg::Lock::Timeout=600"]
+    command = ["apt-get", *wait, "install", "-y", "-qq", "--no-install-recommends", *packages]
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
         raise MissingPrograms(
             f"the suite needs {', '.join(packages)}: run `sudo apt-get update && sudo "
@@ -61,7 +63,7 @@ def ensure_installed(report=print) -> list[str]:
         )
     report(f"installing the Debian packages the tests run: {' '.join(packages)} ...")
     environment = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for step in (["apt-get", "update", "-qq"], command):
+    for step in (["apt-get", *wait, "update", "-qq"], command):
         done = subprocess.run(step, env=environment, capture_output=True, text=True, check=False)
         if done.returncode != 0:
             tail = (done.stderr or done.stdout).strip().splitlines()[-3:]

@@ -15,3 +15,8 @@ class TidalError(Exception):
 
 class InvalidInput(TidalError, ValueError):
     """A user-supplied value is invalid; the message says which and why."""
+
+
+class PolicyInUse(TidalError):
+    """A policy object already decides for another controller: its state is on that
+    controller's clock, so a new controller builds a fresh one from the spec."""

@@ -9,9 +9,14 @@ so versions never go backwards across a failover or a Redis that lost its data, 
 re-checks its lease right before every publish, so a controller that lost the lease
 while it stepped never writes.
 
-Forecast refits, and rebuilds of the planner's table when the latency learned from
-serving drifts, run on a thread (`asyncio.to_thread`) and are installed when done; the
-tick itself stays in milliseconds. Every failure is loud: a tick that fails is logged
+Forecast refits (the policy's and its shadow's), and rebuilds of the planner's table when
+the latency learned from serving drifts, are jobs the controller hands out
+(`Controller.take_jobs`): the loop runs each on a thread (`asyncio.to_thread`), keyed to
+the controller that asked, and gives the outcome back to that controller only; a job
+whose controller was replaced meanwhile (a policy switch, a promotion) is dropped. The
+tick itself stays in milliseconds. A failed job is logged with its traceback and counted
+(`LoopState.job_failures`), and the controller retries it after a backoff: a fit that
+fails never wedges the forecast. Every failure is loud: a tick that fails is logged
 with its traceback, counted by stage (`LoopState.errors`, exported as
 `tidal_controller_tick_errors_total`), marks the pool not ready with the error shown in
 /readyz and the pool's status, and the loop backs off and retries; it never ends
@@ -33,9 +38,10 @@ from redis.exceptions import RedisError
 from adaptive.bus import VersionedConfig, WorkerStats, observe_pool
 from adaptive.clock import Clock
 from adaptive.config import BatchConfig
-from adaptive.controller import Controller, ReplanJob
+from adaptive.controller import Controller, ControllerJob
 from adaptive.decisions import DecisionRecord
 from adaptive.fleet import FleetView
+from adaptive.forecast_feed import FitFailed
 from server.bus.protocols import PoolBus
 from server.clock import LoopClock
 from server.control.timeline import Timeline, smallest_serving_cap
@@ -65,6 +71,10 @@ class LoopState:
     malformed_stats: int = 0
     refits: int = 0
     replans: int = 0  # planner's tables rebuilt for the latency learned from serving
+    # Background jobs that failed, by kind ("refit", "replan"), and the last one's error.
+    job_failures: collections.Counter[str] = field(default_factory=collections.Counter)
+    last_job_error: str | None = None
+    jobs_dropped: int = 0  # finished after their controller was replaced: never installed
     # Members whose engine refused a config newer than the one it runs (it keeps
     # serving the old one), by name: {"version", "config", "reason"}.
     refusing: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -88,6 +98,8 @@ class TickFailed(Exception):
 
 
 TickObserver = Callable[["ControlLoop", DecisionRecord | None], None]
+JobRunner = Callable[[ControllerJob], Awaitable[object]]
+"""Runs a controller's job off the event loop and returns its outcome (or raises)."""
 SettingsSync = Callable[[bool], Awaitable[None]]
 
 
@@ -101,6 +113,7 @@ class ControlLoop:
         observer: TickObserver | None = None,
         sync_settings: SettingsSync | None = None,
         clock: Clock | None = None,
+        run_job: JobRunner | None = None,
     ) -> None:
         self.controller = controller
         self.bus = bus
@@ -109,6 +122,7 @@ class ControlLoop:
         self.lease_s = lease_s
         self.observer = observer
         self.clock = clock or LoopClock()
+        self._run_job = run_job or _on_a_thread
         # Operators' settings live on the bus: standbys follow them every tick, a new
         # leader takes them (or restores them to a bus that lost them) before it acts.
         self.sync_settings = sync_settings
@@ -121,10 +135,10 @@ class ControlLoop:
         self._published: BatchConfig | None = None
         self._published_replicas: int | None = None
         self._cursor = "$"  # only stats that arrive from now on
-        self._refit: asyncio.Task | None = None
-        # The rebuild in flight and the controller it is for (a policy switch replaces it).
-        self._replan: tuple[Controller, asyncio.Task] | None = None
+        # Jobs in flight, each with the controller that asked for it.
+        self._jobs: dict[asyncio.Task, tuple[Controller, ControllerJob]] = {}
         self._replicas = 0
+        self._replicas_ready = 0
         self._said_infeasible = False
         # Every tick with news, for the console's charts (six hours at this tick).
         self.timeline = Timeline(capacity=max(60, round(6 * 3600 / controller.settings.tick_s)))
@@ -152,11 +166,12 @@ class ControlLoop:
         reports = await _stage("read", self._read())
         record = None
         if reports:
-            record = _step(self.controller, reports, self.clock.now(), self._replicas)
+            record = _step(
+                self.controller, reports, self.clock.now(), self._replicas, self._replicas_ready
+            )
             self._say_if_infeasible(record)
             self.timeline.record(time.time(), record, smallest_serving_cap(self.latest))
-        await _stage("refit", self._refit_forecast())
-        await _stage("replan", self._rebuild_table())
+        self._run_jobs()
         if self.state.leader:
             await _stage("publish", self.publish_if_changed())
             if record is not None and record.noteworthy:
@@ -224,6 +239,11 @@ class ControlLoop:
         self.state.workers_alive = len(alive)
         # A heartbeat may speak for several replicas (a simulated pool, an engine adapter).
         self._replicas = sum(int(info.get("replicas", 1)) for info in alive.values())
+        # Ready: started and warm (a member warming its sizes beats but is not ready), as
+        # the simulator counts a replica only after its start-up and warm-up.
+        self._replicas_ready = sum(
+            int(info.get("replicas", 1)) for info in alive.values() if member_ready(info)
+        )
         self._seen_version = max(
             [
                 self._seen_version,
@@ -299,43 +319,53 @@ class ControlLoop:
                     max(1.0, reload_s),
                 )
 
-    async def _refit_forecast(self) -> None:
-        """Run the feed's pending refit on a thread; install it once it is done."""
-        feed = self.controller.feed
-        if feed is None:
-            return
-        if self._refit is not None and self._refit.done():
-            task, self._refit = self._refit, None
-            job, fitted = task.result()  # a failed fit raises here, at stage "refit"
-            feed.install(job, fitted)
-            self.state.refits += 1
-        if self._refit is None:
-            job = feed.take_fit_job()
-            if job is not None:
-                self._refit = asyncio.create_task(_fit(job), name=f"refit-{self.pool}")
+    def swap(self, controller: Controller) -> None:
+        """Make `controller` the pool's, in one step between ticks: the jobs the one it
+        replaces asked for are dropped when they finish, never installed into it."""
+        self.controller = controller
 
-    async def _rebuild_table(self) -> None:
-        """Rebuild the planner's table for the learned latency model on a thread when the
-        controller asks; install it once it is done (the next record says so)."""
+    def _run_jobs(self) -> None:
+        """Give finished jobs back to the controller that asked (if it is still this
+        loop's), then start the jobs the controller wants, each on a thread."""
+        for task in [t for t in self._jobs if t.done()]:
+            owner, job = self._jobs.pop(task)
+            if task.cancelled():
+                continue
+            outcome = task.exception() or task.result()
+            if owner is not self.controller or not owner.finish(job, outcome):
+                self.state.jobs_dropped += 1
+                log.info("%s: %s for a replaced controller or shadow: dropped", self.pool, job.kind)
+                continue
+            self._note_outcome(job, outcome)
         controller = self.controller
-        if self._replan is not None and self._replan[1].done():
-            (asked_by, task), self._replan = self._replan, None
-            job, optimizers = task.result()  # a failed rebuild raises here, at "replan"
-            if asked_by is controller:  # not one a policy switch has replaced since
-                controller.install_replan(job, optimizers)
-                self.state.replans += 1
-                log.info("%s: %s", self.pool, controller.last_replan)
-        if self._replan is None:
-            job = controller.take_replan_job()
-            if job is not None:
+        for job in controller.take_jobs():
+            if job.kind == "replan":
                 log.info(
                     "%s: the latency measured while serving drifted (%s): rebuilding the "
                     "planner's table",
                     self.pool,
                     job.drift.describe(),
                 )
-                task = asyncio.create_task(_replan(controller, job), name=f"replan-{self.pool}")
-                self._replan = (controller, task)
+            task = asyncio.create_task(self._run_job(job), name=f"{job.kind}-{self.pool}")
+            self._jobs[task] = (controller, job)
+
+    def _note_outcome(self, job: ControllerJob, outcome: object) -> None:
+        """Count and log what a job ended in; a failure with its traceback."""
+        error = outcome.error if isinstance(outcome, FitFailed) else outcome
+        if isinstance(error, Exception):
+            self.state.job_failures[job.kind] += 1
+            self.state.last_job_error = f"{job.kind}: {type(error).__name__}: {error}"
+            log.error(
+                "%s: a %s failed; keeping what the controller had, retrying after a backoff",
+                self.pool,
+                job.kind,
+                exc_info=error,
+            )
+        elif job.kind == "refit":
+            self.state.refits += 1
+        else:
+            self.state.replans += 1
+            log.info("%s: %s", self.pool, self.controller.last_replan)
 
     async def _record(self, record: DecisionRecord) -> None:
         entry = {"time": time.time(), **record.to_dict(), "version": self.state.version}
@@ -390,8 +420,10 @@ class ControlLoop:
 
 
 def _step(
-    controller: Controller, reports: list[WorkerStats], now: float, alive: int
+    controller: Controller, reports: list[WorkerStats], now: float, alive: int, ready: int
 ) -> DecisionRecord:
+    """The control step on this tick's reports: `alive` replicas beat, `ready` of them
+    serve (warm); the rest of those desired are starting."""
     tick_s = controller.settings.tick_s
     # Rates scale to the replicas alive; a reporter whose heartbeat has not landed yet
     # still counts for the replicas it reports.
@@ -400,7 +432,7 @@ def _step(
     fleet = None
     if controller.replicas is not None:  # a fleet that scales: what has joined so far
         desired = controller.replicas
-        fleet = FleetView(workers, max(0, desired - workers), desired)
+        fleet = FleetView(ready, max(0, desired - ready), desired)
     try:
         return controller.step(now, observe_pool(reports, now, tick_s, workers), fleet)
     except Exception as error:
@@ -416,13 +448,5 @@ async def _stage(stage: str, awaitable: Awaitable):
         raise TickFailed(stage, error) from error
 
 
-async def _fit(job):
-    return job, await asyncio.to_thread(job.run)
-
-
-async def _replan(controller: Controller, job: ReplanJob):
-    try:
-        return job, await asyncio.to_thread(controller.run_replan, job)
-    except Exception:
-        controller.replan_failed(job)  # asked again after the interval
-        raise
+async def _on_a_thread(job: ControllerJob) -> object:
+    return await asyncio.to_thread(job.run)

@@ -30,13 +30,13 @@ from adaptive.decisions import config_dict
 from adaptive.fleet import FleetLimits
 from adaptive.guards import Guardrails
 from adaptive.latency import LatencyModel
-from adaptive.learned_latency import LearningSettings
+from adaptive.learned_latency import LatencyLearner, LearningSettings
 from adaptive.policy import Policy
 from adaptive.specs import PolicyContext, build_policy
 from forecaster.events import Event, event_to_dict, events_from_document
 from server.bus.protocols import PoolBus
 from server.clock import LoopClock
-from server.control.loop import ControlLoop, TickObserver
+from server.control.loop import ControlLoop, JobRunner, TickObserver
 from server.tasks import cancel_and_wait
 from simulations.calibration import performance_table
 from simulations.engine import PoolSettings, Routing
@@ -109,16 +109,23 @@ class PinnedConfig:
 
 class PoolControl:
     def __init__(
-        self, plan: PoolPlan, bus: PoolBus, holder: str, observer: TickObserver | None = None
+        self,
+        plan: PoolPlan,
+        bus: PoolBus,
+        holder: str,
+        observer: TickObserver | None = None,
+        run_job: JobRunner | None = None,
     ) -> None:
         self.plan = plan
         self.pool = plan.pool
         self.bus = bus
         self.holder = holder
         self.observer = observer
+        self.run_job = run_job  # None: the loop runs its controller's jobs on threads
         self.clock = LoopClock()
         self.origin_s = self.clock.origin_s
         self.policy_spec = plan.policy
+        self.shadow_spec = plan.shadow  # the operator may set or lift it (`set_shadow`)
         self.events = plan.events
         self.pinned: PinnedConfig | None = None
         self._seen: dict[str, Any] | None = None  # the bus's settings last applied
@@ -164,6 +171,7 @@ class PoolControl:
             self.observer,
             sync_settings=self._sync_settings,
             clock=self.clock,
+            run_job=self.run_job,
         )
         self._task = asyncio.create_task(self.loop.run(), name=f"control-{self.pool}")
 
@@ -173,6 +181,10 @@ class PoolControl:
         try:
             spec = await self._restore(stored)
             await self.build_policy(spec)
+            shadow = self._stored_shadow(stored)
+            if shadow is not None:
+                await self.build_policy(shadow)
+            self.shadow_spec = shadow
             return spec
         except InvalidInput as error:
             self.settings_error = f"stored settings of pool {self.pool!r} ignored: {error}"
@@ -209,10 +221,14 @@ class PoolControl:
             log.error("%s", self.settings_error)
             return
         self.settings_error = None
+        shadow_before = self.shadow_spec
+        self.shadow_spec = self._stored_shadow(stored)
         self.controller.set_events(self.events)
         self.controller.pin(self._override())
         if policy != self.policy_spec:
-            await self._switch_policy(policy, None, persist=False)
+            await self._switch_policy(policy, persist=False)
+        elif self.shadow_spec != shadow_before:
+            await self._apply_shadow()
 
     def _all_settings(self) -> dict[str, Any]:
         settings: dict[str, Any] = {}
@@ -222,7 +238,15 @@ class PoolControl:
             settings["events"] = self._events_document()
         if self.active_override() is not None:
             settings["override"] = self.pinned.to_dict()
+        if self.shadow_spec != self.plan.shadow:
+            settings["shadow"] = self.shadow_spec or ""  # "": lifted
         return settings
+
+    def _stored_shadow(self, stored: dict[str, Any]) -> str | None:
+        """The shadow the stored settings name: the plan's if they say nothing, none if
+        an operator lifted it (stored as "")."""
+        shadow = stored.get("shadow")
+        return self.plan.shadow if shadow is None else (str(shadow) or None)
 
     async def _save_all(self) -> None:
         for name, value in self._all_settings().items():
@@ -276,10 +300,12 @@ class PoolControl:
             return built
         return await asyncio.to_thread(build_policy, spec, self.policy_context())
 
-    async def _controller(self, spec: str, policy: Policy | None = None) -> Controller:
+    async def _controller(self, spec: str, learner: LatencyLearner | None = None) -> Controller:
+        """A controller of its own for `spec`: policy and shadow built fresh from their
+        specs, the pin and events in force, the forecast primed from recorded traffic."""
         plan = self.plan
-        policy = policy or await self.build_policy(spec)
-        shadow = await self.build_policy(plan.shadow) if plan.shadow else None
+        policy = await self.build_policy(spec)
+        shadow = await self.build_policy(self.shadow_spec) if self.shadow_spec else None
         settings = ControllerSettings(
             pool=plan.pool,
             slo_s=plan.slo_s,
@@ -295,7 +321,9 @@ class PoolControl:
             latency=plan.latency,
             learning=plan.learning,
         )
-        controller = Controller(policy, settings, shadow=shadow, compile_table=self._compile_table)
+        controller = Controller(
+            policy, settings, shadow=shadow, compile_table=self._compile_table, learner=learner
+        )
         controller.pin(self._override())
         with contextlib.suppress(RedisError, OSError):
             await self._prime(controller)
@@ -340,21 +368,35 @@ class PoolControl:
     def controller(self) -> Controller:
         return self.loop.controller
 
-    async def set_policy(
-        self, spec: str, policy: Policy | None = None, persist: bool = True
-    ) -> None:
-        """Switch policy; the config in force and its version carry over."""
+    async def set_policy(self, spec: str, persist: bool = True) -> None:
+        """Switch policy: a new controller, its policy built fresh from `spec`; the config
+        in force and its version carry over, and a copy of what serving taught."""
         async with self._lock:
-            await self._switch_policy(spec, policy, persist)
+            await self._switch_policy(spec, persist)
 
-    async def _switch_policy(self, spec: str, policy: Policy | None, persist: bool) -> None:
-        fresh = await self._controller(spec, policy)
-        fresh.adopt(self.controller.config)
-        fresh.latency = self.controller.latency  # what serving taught outlives the policy
-        self.loop.controller = fresh
+    async def _switch_policy(self, spec: str, persist: bool) -> None:
+        old = self.controller
+        learned = None if old.latency is None else old.latency.copy()
+        fresh = await self._controller(spec, learned)
+        fresh.adopt(old.config)
+        self.loop.swap(fresh)
         self.policy_spec = spec  # as the operator wrote it
         if persist:
             await self.bus.save_setting(self.pool, "policy", self.policy_spec)
+
+    async def set_shadow(self, spec: str | None) -> None:
+        """Run `spec` beside the policy from the next tick, recorded and never applied
+        (None lifts the shadow); built fresh from its spec, persisted for a restart."""
+        async with self._lock:
+            policy = None if spec is None else await self.build_policy(spec)
+            self.controller.set_shadow(policy)
+            self.shadow_spec = spec
+            stored = None if spec == self.plan.shadow else (spec or "")
+            await self.bus.save_setting(self.pool, "shadow", stored)
+
+    async def _apply_shadow(self) -> None:
+        spec = self.shadow_spec
+        self.controller.set_shadow(None if spec is None else await self.build_policy(spec))
 
     async def pin(
         self, config: BatchConfig, for_s: float, reason: str, replicas: int | None = None
