@@ -77,11 +77,13 @@ def redis_process():
     return RedisProcess()
 
 
-def free_port() -> int:
+def free_ports(count: int) -> int:
+    """The first of `count` consecutive free ports, each checked (the tests' way: one
+    free port says nothing of the next)."""
     sys.path.insert(0, str(ROOT / "tests"))
-    from redis_server import free_port as port
+    from processes import free_ports as block
 
-    return port()
+    return block(count)
 
 
 def until(condition: Callable[[], Any], timeout_s: float, poll_s: float = 0.05) -> float | None:
@@ -120,11 +122,16 @@ class Fleet:
         self.folder = folder
         self.redis = redis_process()
         self.processes: dict[str, subprocess.Popen] = {}
-        self.apis = {f"c{i}": f"http://127.0.0.1:{free_port()}" for i in range(controllers)}
-        self.workers = {f"w{i}": f"http://127.0.0.1:{free_port()}" for i in range(2)}
+        self.controllers = controllers
+        self.apis: dict[str, str] = {}
+        self.workers: dict[str, str] = {}
 
     def start(self) -> None:
-        self.redis.start()
+        self.redis.start()  # first: its port is taken before the block is chosen
+        first = free_ports(self.controllers + 2)  # the controllers' APIs, then two workers
+        self.apis = {f"c{i}": f"http://127.0.0.1:{first + i}" for i in range(self.controllers)}
+        workers = first + self.controllers
+        self.workers = {f"w{i}": f"http://127.0.0.1:{workers + i}" for i in range(2)}
         for name, url in self.apis.items():
             self._start(
                 name,
@@ -161,8 +168,17 @@ class Fleet:
                     url.rsplit(":", 1)[1],
                 ],
             )
-        if until(self.whole, 180) is None:
+        if until(self._up, 180) is None:
             raise RuntimeError(f"the pool did not come up; logs in {self.folder}")
+
+    def _up(self) -> bool:
+        """The pool is whole; a process that exited meanwhile (one that lost its port
+        to another between the check and its bind) fails the start at once."""
+        for name, process in self.processes.items():
+            if process.poll() is not None:
+                log = self.folder / f"{name}.log"
+                raise RuntimeError(f"{name} exited ({process.returncode}) starting; see {log}")
+        return self.whole()
 
     def _start(self, name: str, argv: list[str]) -> None:
         self.processes[name] = tidal(argv, self.folder / f"{name}.log")
@@ -438,7 +454,7 @@ class Probe(threading.Thread):
 
 
 def start_slow_worker(folder: Path) -> tuple[subprocess.Popen, str]:
-    url = f"http://127.0.0.1:{free_port()}"
+    url = f"http://127.0.0.1:{free_ports(1)}"
     process = tidal(
         [
             "worker",
@@ -451,7 +467,13 @@ def start_slow_worker(folder: Path) -> tuple[subprocess.Popen, str]:
         ],
         folder / "overload.log",
     )
-    if until(lambda: httpx.get(f"{url}/readyz", timeout=1).status_code == 200, 120) is None:
+
+    def ready() -> bool:
+        if process.poll() is not None:  # its port taken meanwhile, say: fail at once
+            raise RuntimeError(f"the overloaded worker exited; see {folder / 'overload.log'}")
+        return httpx.get(f"{url}/readyz", timeout=1).status_code == 200
+
+    if until(ready, 120) is None:
         raise RuntimeError("the overloaded worker did not start")
     return process, url
 

@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -36,10 +35,16 @@ from server.worker.models import load_model
 MIB = 1024 * 1024
 
 
+ROOT = Path(__file__).resolve().parents[1]
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port, the tests' way (tests/processes.py); a worker that loses it to another
+    process between this check and its bind exits, which `start_worker` sees at once."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from processes import free_ports
+
+    return free_ports(1)
 
 
 def start_worker(*args: str) -> tuple[subprocess.Popen, str]:

@@ -1,7 +1,8 @@
 """`TritonEngine` and `tidal engine triton` against a real tritonserver (the one the
 nvidia-pytriton wheel carries, serving examples/triton/models), without a controller:
 what the pool member does when Triton goes away and comes back, and that the config
-watch and a change do not race.
+watch and a change do not race; and that a local Triton's three ports are one checked
+block.
 
 tests/test_triton.py runs the whole pool (controller, load, overrides, a restart); these
 are the engine's own edges, each on the module's tritonserver, in real time.
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
+import socket
 from pathlib import Path
 
 import pytest
@@ -22,7 +24,7 @@ from server.bus.local import LocalPoolBus
 from server.clock import LoopClock
 from server.engines.member import PoolMember
 from server.engines.triton import Knobs, TritonEngine
-from server.engines.triton_local import TritonProcess
+from server.engines.triton_local import TritonPorts, TritonProcess
 from server.tasks import BackgroundErrors
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "triton" / "models"
@@ -160,3 +162,13 @@ async def _when(value, condition):
 
 async def windows(bus: LocalPoolBus) -> int:
     return len((await bus.read_worker_stats("p"))[0])
+
+
+def test_tritons_three_ports_are_one_block_each_free():
+    """One free port says nothing of the next (tests/processes.py's lesson): three
+    separate probes could even name one port twice. The block is checked as a whole."""
+    ports = TritonPorts.free()
+    assert (ports.grpc, ports.metrics) == (ports.http + 1, ports.http + 2)
+    for port in (ports.http, ports.grpc, ports.metrics):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", port))

@@ -13,7 +13,7 @@ sets them up for its own in-process models, which cannot be retuned by reloading
 - this Python's `bin` first on `PATH`, so the stub's models import what this Python has.
 
 `TritonProcess` serves a model repository with `--model-control-mode=explicit` and
-binds HTTP, gRPC and metrics to 127.0.0.1 on free ports (or the ports given).
+binds HTTP, gRPC and metrics to 127.0.0.1 on a block of free ports (or the ports given).
 `replay` sends requests at given instants over gRPC, one task each, never waiting for
 answers before sending the next (open loop), and records every outcome.
 """
@@ -21,6 +21,7 @@ answers before sending the next (open loop), and records every outcome.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import socket
@@ -107,10 +108,28 @@ def triton_environment(install: TritonInstall) -> dict[str, str]:
     return env
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_ports(count: int) -> int:
+    """The first of `count` consecutive ports free on 127.0.0.1, each checked, and all
+    held at once while they are: one free port says nothing of the next, and probes one
+    after another may even name the same port twice (tests/processes.py's block). A
+    port can still be taken between this check and Triton's bind: `TritonProcess.start`
+    then fails at once, with the end of Triton's log, rather than waiting."""
+    while True:
+        with contextlib.ExitStack() as probes:
+            first = _probe(probes, 0)
+            block = range(first, first + count)
+            if block[-1] < 65536 and all(_probe(probes, port) for port in block[1:]):
+                return first
+
+
+def _probe(probes: contextlib.ExitStack, port: int) -> int:
+    """`port` (0: one the kernel picks) bound on a socket `probes` holds; 0 if taken."""
+    sock = probes.enter_context(socket.socket())
+    try:
+        sock.bind(("127.0.0.1", port))
+    except OSError:
+        return 0
+    return sock.getsockname()[1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +140,9 @@ class TritonPorts:
 
     @classmethod
     def free(cls) -> TritonPorts:
-        return cls(free_port(), free_port(), free_port())
+        """Three consecutive ports, free when chosen."""
+        first = free_ports(3)
+        return cls(first, first + 1, first + 2)
 
 
 class TritonProcess:
