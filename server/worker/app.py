@@ -49,10 +49,8 @@ from server.http_errors import (
     install_error_handlers,
 )
 from server.metrics_registry import process_registry
-from server.worker.batching import (
-    DynamicBatcher,
-)
-from server.worker.cli import MAX_BODY_BYTES
+from server.worker.batching import DynamicBatcher
+from server.worker.defaults import MAX_BODY_BYTES
 from server.worker.frontends import FrontendPool
 from server.worker.inference import Answer, InferRequest, answer, parse_request
 from server.worker.link import WorkerLink

@@ -16,12 +16,11 @@ from pathlib import Path
 
 from server.api_token import TOKEN_ENV
 from server.worker.admission import QueueLimit
+from server.worker.defaults import MAX_BODY_BYTES
 from simulations.cli import duration_arg
 from tidal_base.errors import InvalidInput
 from tidal_base.units import parse_size_bytes
 
-MAX_BODY_BYTES = 1 << 20
-"""1 MiB: a demo-cnn input is 12 KB binary, about 60 KB as JSON."""
 MEMORY_BUDGET = "8GiB"
 """What stands for device memory on CPU when bounding caps (as `tidal profile`'s)."""
 SLO_S = 0.1

@@ -1,16 +1,16 @@
-"""A worker's membership of a pool: its batcher as an engine (`TidalWorkerEngine`) on a
-`PoolMember` (stats out each interval, configs in, fail-static; see
-`server/engines/member.py`). Its loops' failures are counted with the batcher's
-(`tidal_worker_background_errors_total{task="link-report"|"link-config"}`), and its
-windows are measured on the batcher's clock.
+"""A worker's membership of a pool: its batcher as an engine (`TidalWorkerEngine`,
+server/worker/engine.py) on a `PoolMember` (stats out each interval, configs in,
+fail-static; see `server/engines/member.py`). Its loops' failures are counted with the
+batcher's (`tidal_worker_background_errors_total{task="link-report"|"link-config"}`),
+and its windows are measured on the batcher's clock.
 """
 
 from __future__ import annotations
 
 from server.bus.protocols import WorkerBus
 from server.engines.member import PoolMember
-from server.engines.tidal_worker import TidalWorkerEngine
 from server.worker.batching import DynamicBatcher
+from server.worker.engine import TidalWorkerEngine
 from server.worker.readiness import Frontends
 
 

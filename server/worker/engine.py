@@ -1,4 +1,10 @@
-"""Tidal's own worker as an `Engine`: its `DynamicBatcher`, steered in process.
+"""Tidal's own worker as an `Engine` (`server.engines.protocols`): its `DynamicBatcher`,
+steered in process.
+
+It lives in the worker's room, beside what it adapts: `server.engines` holds the seam,
+the pool membership every engine joins through and the adapters of engines Tidal does
+not run itself (Ray Serve, Triton), and imports nothing of the worker, whose link
+imports the membership (an adapter there closed a circle: worker -> engines -> worker).
 
 A config applies at once (the batcher reconfigures between batches); raising the cap
 warms the missing buckets, measured, while the old cap serves, so the change cost is a
