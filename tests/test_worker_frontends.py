@@ -11,6 +11,7 @@ The whole real-process worker suite also runs through front ends with
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import math
@@ -29,8 +30,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from test_http_edge import answer, connect, head
 from test_worker_http import AUTH, image, start_worker
 
+from server import ports
+from server.http_edge import EdgeLimits
+from server.tasks import BackgroundErrors
 from server.worker import handoff
-from server.worker.models import load_model
+from server.worker.frontends import FrontendPool
+from server.worker.inference import Answer, Parsed
+from server.worker.models import load_codec, load_model
 from server.worker.runner import TorchRunner
 
 BINARY = {"content-type": "application/octet-stream"}
@@ -180,3 +186,62 @@ def test_sigterm_answers_what_the_front_ends_hold_and_exits_0(worker):
     for pid in pids:  # gone (or a zombie until the test process's turn to reap)
         with contextlib.suppress(FileNotFoundError):
             assert "zombie" in Path(f"/proc/{pid}/status").read_text()
+
+
+# -- the model process's side in this process: a FrontendPool with real front ends, whose
+# hand-offs reach a `serve` the test holds --
+
+
+class Held:
+    """A `serve` that keeps every request until the test answers it."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[Parsed, asyncio.Future[Answer]]] = []
+
+    async def __call__(self, parsed: Parsed, ingress_s: float) -> Answer:
+        answered = asyncio.get_running_loop().create_future()
+        self.requests.append((parsed, answered))
+        return await answered
+
+    def answer(self, index: int) -> None:
+        self.requests[index][1].set_result(Answer(200, {"output": index}))
+
+
+async def eventually(condition, timeout_s: float, what: str):
+    """Poll `condition` (real processes, real time) until it is truthy."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while loop.time() < deadline:
+        if value := condition():
+            return value
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def start_pool(serve, count: int = 1, **kwargs) -> tuple[FrontendPool, str]:
+    listening = ports.listen("127.0.0.1", 0)
+    listening.set_inheritable(True)
+    pool = FrontendPool(
+        count, "demo-cnn", load_codec("demo-cnn"), listening, EdgeLimits(), 10.0, **kwargs
+    )
+    await pool.start(serve, BackgroundErrors())
+    await eventually(lambda: pool.ready, 60, "the front ends to connect")
+    return pool, f"http://127.0.0.1:{listening.getsockname()[1]}"
+
+
+def test_stop_closes_every_hand_off_connection():
+    """A hand-off connection still open when the front ends have gone (one whose process
+    did not exit, played by this test) is closed by `stop`, not left to the process."""
+
+    async def scenario():
+        pool, _ = await start_pool(Held())
+        reader, writer = await asyncio.open_unix_connection(pool.handoff_path)
+        writer.write(handoff.encode_hello(0))
+        await writer.drain()
+        await pool.stop()
+        try:
+            return await asyncio.wait_for(reader.read(), 10)  # to EOF
+        finally:
+            writer.close()
+
+    asyncio.run(scenario())  # raises TimeoutError while the connection stays open

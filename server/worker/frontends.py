@@ -26,7 +26,7 @@ import socket
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -63,7 +63,6 @@ class _Frontend:
     requests: int = 0
     cpu_s_before: float = 0.0  # earlier processes' last reports
     requests_before: int = 0
-    connections: set[asyncio.Task] = field(default_factory=set)
 
 
 class FrontendPool:
@@ -93,6 +92,7 @@ class FrontendPool:
         self._errors: BackgroundErrors | None = None
         self._server: asyncio.Server | None = None
         self._supervisor: asyncio.Task | None = None
+        self._connections: set[asyncio.Task] = set()  # every hand-off connection open
         self._stopping = False
 
     # -- lifecycle -------------------------------------------------------------------
@@ -117,10 +117,9 @@ class FrontendPool:
                 process.terminate()
         await asyncio.get_running_loop().run_in_executor(None, _join_all, processes)
         if self._server is not None:
-            self._server.close()
+            self._server.close()  # no new connections; it leaves the open ones be
+        await _cancel_all(self._connections)  # closes each one's socket
         for frontend in self._frontends:
-            for task in frontend.connections:
-                task.cancel()
             with contextlib.suppress(BufferError):  # a view still held by a dead request
                 frontend.arena.close()
         with contextlib.suppress(OSError):
@@ -192,8 +191,11 @@ class FrontendPool:
     # -- hand-offs -------------------------------------------------------------------
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """One front end's requests until it closes its side."""
+        """One front end's requests until it closes its side (or `stop` cancels it)."""
         frontend: _Frontend | None = None
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
         try:
             while True:
                 payload = await reader.readexactly(
@@ -210,6 +212,7 @@ class FrontendPool:
         except (asyncio.IncompleteReadError, ConnectionError):
             pass  # the front end closed: it exited, or was stopped
         finally:
+            self._connections.discard(task)
             if frontend is not None:
                 frontend.connected = False
             writer.close()
@@ -271,6 +274,12 @@ def _send(writer: asyncio.StreamWriter, request_id: int, status: int, body: dict
 
 def _internal(error: BaseException) -> dict:
     return {"error": f"internal error ({error!r}); see the worker's log", "field": None}
+
+
+async def _cancel_all(tasks: set[asyncio.Task]) -> None:
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _join_all(processes: list, timeout_s: float = 60.0) -> None:
