@@ -84,6 +84,9 @@ def test_a_handoff_frame_round_trips():
         back = handoff.decode_request(handoff.encode_request(inline)[4:])
         assert back == inline and handoff.inline_tensor(back).tolist() == [5, 6]
         assert handoff.decode_answer(handoff.encode_answer(9, 429, b"{}")[4:]) == (9, 429, b"{}")
+        assert handoff.decode_welcome(handoff.encode_welcome({5, 2})[4:]) == (2, 5)
+        assert handoff.decode_welcome(handoff.encode_welcome(())[4:]) == ()
+        assert handoff.decode_release(handoff.encode_release(7)[4:]) == 7
     finally:
         arena.close()
 
@@ -221,6 +224,7 @@ async def eventually(condition, timeout_s: float, what: str):
 async def start_pool(serve, count: int = 1, **kwargs) -> tuple[FrontendPool, str]:
     listening = ports.listen("127.0.0.1", 0)
     listening.set_inheritable(True)
+    listening.listen()  # connections wait in the backlog until uvicorn's accept begins
     pool = FrontendPool(
         count, "demo-cnn", load_codec("demo-cnn"), listening, EdgeLimits(), 10.0, **kwargs
     )
@@ -245,3 +249,68 @@ def test_stop_closes_every_hand_off_connection():
             writer.close()
 
     asyncio.run(scenario())  # raises TimeoutError while the connection stays open
+
+
+async def post_binary(client: httpx.AsyncClient, url: str, i: int) -> httpx.Response:
+    body = torch.tensor(image(i)).numpy().tobytes()
+    return await client.post(f"{url}/v1/infer", content=body, headers=BINARY)
+
+
+def in_a_slot(arena: handoff.SlotArena, item: torch.Tensor) -> bool:
+    """Whether `item` is read in place from one of the arena's slots (else inline)."""
+    shape = tuple(item.shape)
+    return any(
+        arena.view(slot, item.dtype, shape).data_ptr() == item.data_ptr()
+        for slot in range(arena.slots)
+    )
+
+
+def test_a_restarted_front_end_leaves_the_slots_of_queued_requests_alone():
+    """A front end killed with a request queued: its restart shares the arena, and must
+    not write into that request's slot until the model process is done with it (it
+    would change the input of a batch still to run), then gets the slot back. Two
+    slots, so that every slot's fate shows."""
+
+    async def scenario():
+        held = Held()
+        pool, url = await start_pool(held, slots_per_frontend=2)
+        arena = pool._frontends[0].arena
+        async with httpx.AsyncClient(timeout=30) as client:
+            lost = asyncio.create_task(post_binary(client, url, 0))
+            await eventually(lambda: len(held.requests) == 1, 30, "the first hand-off")
+            first = pool.summary()[0]["pid"]
+            os.kill(first, signal.SIGKILL)
+            with contextlib.suppress(httpx.HTTPError):  # its client went with it
+                await lost
+            await eventually(
+                lambda: pool.ready and pool.summary()[0]["pid"] != first, 60, "the restart"
+            )
+            sending = []
+            for i in (1, 2):  # one at a time, so each takes the first free slot
+                sending.append(asyncio.create_task(post_binary(client, url, i)))
+                await eventually(lambda n=i + 1: len(held.requests) == n, 30, f"request {i}")
+            items = [parsed.item for parsed, _ in held.requests]
+            seen = {
+                "intact": [
+                    torch.equal(item, torch.tensor(image(i))) for i, item in enumerate(items)
+                ],
+                "in a slot": [in_a_slot(arena, item) for item in items],
+            }
+            for i in range(3):  # the lost request's batch runs: its slot is free again
+                held.answer(i)
+            seen["answered"] = [(await s).status_code for s in sending]
+            for i in (3, 4):
+                sending.append(asyncio.create_task(post_binary(client, url, i)))
+                await eventually(lambda n=i + 1: len(held.requests) == n, 30, f"request {i}")
+            seen["after"] = [in_a_slot(arena, parsed.item) for parsed, _ in held.requests[3:]]
+            for i in (3, 4):
+                held.answer(i)
+            await asyncio.gather(*sending)
+        await pool.stop()
+        return seen
+
+    seen = asyncio.run(scenario())
+    assert seen["intact"] == [True, True, True], "a queued request's input was overwritten"
+    assert seen["in a slot"] == [True, True, False]  # both slots held: the third inline
+    assert seen["answered"] == [200, 200]
+    assert seen["after"] == [True, True]  # both slots handed out again

@@ -78,7 +78,7 @@ class ModelLink:
     def __init__(self, spec: FrontendSpec) -> None:
         self.spec = spec
         self.arena = handoff.SlotArena.attach(spec.arena, spec.slots, spec.slot_bytes)
-        self._free = deque(range(spec.slots))
+        self._free: deque[int] = deque()  # filled once the model process says what is held
         self._pending: dict[int, tuple[asyncio.Future[tuple[int, bytes]], int]] = {}
         self._ids = itertools.count()
         self.requests = 0
@@ -88,6 +88,10 @@ class ModelLink:
     async def connect(self) -> None:
         reader, self._writer = await asyncio.open_unix_connection(self.spec.handoff_path)
         self._writer.write(handoff.encode_hello(self.spec.index))
+        welcome = await _read_frame(reader)
+        assert handoff.kind_of(welcome) == handoff.WELCOME, "HELLO is answered first"
+        held = set(handoff.decode_welcome(welcome))  # an earlier process's queued requests
+        self._free = deque(slot for slot in range(self.spec.slots) if slot not in held)
         self._tasks = [
             asyncio.create_task(self._read_answers(reader), name="frontend-answers"),
             asyncio.create_task(self._report_stats(), name="frontend-stats"),
@@ -121,17 +125,20 @@ class ModelLink:
     async def _read_answers(self, reader: asyncio.StreamReader) -> None:
         try:
             while True:
-                payload = await reader.readexactly(
-                    handoff.frame_length(await reader.readexactly(4))
-                )
-                request_id, status, body = handoff.decode_answer(payload)
-                future, slot = self._pending.pop(request_id)
-                if slot != handoff.INLINE:
-                    self._free.append(slot)  # the batch that read it has run
-                if not future.done():
-                    future.set_result((status, body))
+                payload = await _read_frame(reader)
+                if handoff.kind_of(payload) == handoff.RELEASE:
+                    self._free.append(handoff.decode_release(payload))  # an earlier one's
+                else:
+                    self._answered(*handoff.decode_answer(payload))
         except (asyncio.IncompleteReadError, ConnectionError):
             self._model_process_gone()
+
+    def _answered(self, request_id: int, status: int, body: bytes) -> None:
+        future, slot = self._pending.pop(request_id)
+        if slot != handoff.INLINE:
+            self._free.append(slot)  # the batch that read it has run
+        if not future.done():
+            future.set_result((status, body))
 
     def _model_process_gone(self) -> None:
         """Nothing held would ever be answered: answer it 503, and stop serving."""
@@ -239,6 +246,10 @@ class FrontendApp:
             {"type": "http.response.start", "status": reply.status_code, "headers": forwarded}
         )
         await send({"type": "http.response.body", "body": body})
+
+
+async def _read_frame(reader: asyncio.StreamReader) -> bytes:
+    return await reader.readexactly(handoff.frame_length(await reader.readexactly(4)))
 
 
 def _headers(scope: Scope, wanted: tuple[bytes, ...]) -> dict[bytes, str]:

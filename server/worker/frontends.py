@@ -9,7 +9,10 @@ the batching rule still sees every request of the worker, because there is one b
 (Triton does the same with front-end threads feeding one scheduler).
 
 The pool owns what must outlive a front end: the shared-memory arenas (one per front
-end, reused by its restart) and the hand-off socket. A front end that dies is logged
+end, reused by its restart), the hand-off socket, and which slots requests of a dead
+front end still hold (queued here, read in place): its restart is told them when it
+connects and gets each back once its request is done, so an input is never rewritten
+before its batch has run (`server.worker.handoff`). A front end that dies is logged
 with its exit code, counted (`tidal_worker_frontend_restarts_total`) and started again;
 the worker is not ready until every front end has connected.
 """
@@ -26,7 +29,7 @@ import socket
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -63,6 +66,9 @@ class _Frontend:
     requests: int = 0
     cpu_s_before: float = 0.0  # earlier processes' last reports
     requests_before: int = 0
+    writer: asyncio.StreamWriter | None = None  # its process's hand-off connection
+    # slot -> the connection whose request reads it, until that request is done
+    held: dict[int, asyncio.StreamWriter] = field(default_factory=dict)
 
 
 class FrontendPool:
@@ -76,6 +82,7 @@ class FrontendPool:
         listening: socket.socket,
         limits: EdgeLimits,
         client_timeout_s: float,
+        slots_per_frontend: int = SLOTS_PER_FRONTEND,
     ) -> None:
         self.count, self.model, self.listening = count, model, listening
         self.limits, self.client_timeout_s = limits, client_timeout_s
@@ -84,7 +91,7 @@ class FrontendPool:
         self.handoff_path = str(self._folder / "handoff.sock")
         slot_bytes = handoff.slot_bytes_for(torch.as_tensor(codec.validate(codec.example(0))))
         self._frontends = [
-            _Frontend(i, handoff.SlotArena.create(SLOTS_PER_FRONTEND, slot_bytes))
+            _Frontend(i, handoff.SlotArena.create(slots_per_frontend, slot_bytes))
             for i in range(count)
         ]
         self._context = multiprocessing.get_context("spawn")  # no fork of torch's threads
@@ -204,7 +211,8 @@ class FrontendPool:
                 kind = handoff.kind_of(payload)
                 if kind == handoff.HELLO:
                     frontend = self._frontends[handoff.decode_hello(payload)]
-                    frontend.connected = True
+                    frontend.connected, frontend.writer = True, writer
+                    writer.write(handoff.encode_welcome(frontend.held))  # all its predecessors'
                 elif kind == handoff.STATS and frontend is not None:
                     frontend.cpu_s, frontend.requests = handoff.decode_stats(payload)
                 elif kind == handoff.REQUEST and frontend is not None:
@@ -213,24 +221,28 @@ class FrontendPool:
             pass  # the front end closed: it exited, or was stopped
         finally:
             self._connections.discard(task)
-            if frontend is not None:
-                frontend.connected = False
+            if frontend is not None and frontend.writer is writer:  # not its successor's
+                frontend.connected, frontend.writer = False, None
             writer.close()
 
     def _take(self, frontend: _Frontend, request: handoff.RequestFrame, writer) -> None:
-        if request.slot == handoff.INLINE:
+        slot = request.slot
+        if slot == handoff.INLINE:
             item = handoff.inline_tensor(request)
         else:
-            item = frontend.arena.view(request.slot, request.dtype, request.shape)
+            item = frontend.arena.view(slot, request.dtype, request.shape)
+            frontend.held[slot] = writer
         parsed = Parsed(item, request.deadline_ms, request.origin_wall_s, request.stamped)
         ingress_s = max(0.0, time.time() - request.origin_wall_s)
         assert self._serve is not None and self._errors is not None
-        spawn(
+        task = spawn(
             self._answer(request.request_id, parsed, ingress_s, writer),
             "frontend-request",
             self._errors,
             lambda error: _send(writer, request.request_id, 500, _internal(error)),
         )
+        if slot != handoff.INLINE:
+            task.add_done_callback(lambda _: _release(frontend, slot, writer))
 
     async def _answer(self, request_id: int, parsed: Parsed, ingress_s: float, writer) -> None:
         assert self._serve is not None
@@ -265,6 +277,17 @@ class FrontendPool:
         restarts.add_metric([], sum(f.restarts for f in self._frontends))
         connected.add_metric([], sum(f.connected for f in self._frontends))
         return [requests, cpu, restarts, connected]
+
+
+def _release(frontend: _Frontend, slot: int, writer: asyncio.StreamWriter) -> None:
+    """Done with the request in `slot`, which came on `writer`. The front end that sent
+    it takes the slot back with the answer; if that process is gone, its successor is
+    told (or, not connected yet, will not hear of the slot as held)."""
+    if frontend.held.get(slot) is writer:
+        del frontend.held[slot]
+    successor = frontend.writer
+    if successor is not None and successor is not writer and not successor.is_closing():
+        successor.write(handoff.encode_release(slot))
 
 
 def _send(writer: asyncio.StreamWriter, request_id: int, status: int, body: dict) -> None:

@@ -7,12 +7,17 @@ Two channels per front end:
   (no pickling, no copy until the batch's collate stacks it, which it does anyway). The
   model process creates the arena, so a front end killed with -9 leaks nothing; the
   front end alone picks slots, and takes a slot back only when its answer has come, so
-  a slot is never rewritten while a batch may read it.
+  a slot is never rewritten while a batch may read it. A front end that dies leaves
+  its requests queued in the model process, still reading their slots, and its restart
+  shares the arena: so the model process answers each `HELLO` with the slots that
+  requests of earlier processes still hold (`WELCOME`), which the new process leaves
+  alone, and gives each back (`RELEASE`) once it is done with the request in it.
 - Frames on a Unix stream socket, little-endian, each `u32 length` then `u8 kind`:
-  `HELLO` (the front end's index), `REQUEST` (an id, the slot, dtype, shape, deadline
-  and ingress origin; an input too large for a slot travels inline after the shape),
-  `ANSWER` (the id, the HTTP status and the JSON body) and `STATS` (the front end's CPU
-  seconds and requests so far, for the metrics).
+  `HELLO` (the front end's index), `WELCOME` (the slots still held, in reply),
+  `REQUEST` (an id, the slot, dtype, shape, deadline and ingress origin; an input too
+  large for a slot travels inline after the shape), `ANSWER` (the id, the HTTP status
+  and the JSON body), `RELEASE` (a held slot, free again) and `STATS` (the front end's
+  CPU seconds and requests so far, for the metrics).
 
 Everything here is plain data and bytes; the asyncio on either side lives with its
 process (`server.worker.frontend`, `server.worker.frontends`).
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import math
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
 from multiprocessing import resource_tracker
 from multiprocessing.shared_memory import SharedMemory
@@ -31,9 +37,11 @@ import torch
 SLOT_ALIGN = 4096
 INLINE = -1  # the slot of an input that travels inside its frame
 
-HELLO, REQUEST, ANSWER, STATS = 0, 1, 2, 3
+HELLO, REQUEST, ANSWER, STATS, WELCOME, RELEASE = 0, 1, 2, 3, 4, 5
 _LENGTH = struct.Struct("<I")
 _HELLO = struct.Struct("<BI")
+_WELCOME = struct.Struct("<BI")
+_RELEASE = struct.Struct("<Bi")
 _REQUEST = struct.Struct("<BQiBBddB")
 _ANSWER = struct.Struct("<BQH")
 _STATS = struct.Struct("<BdQ")
@@ -127,6 +135,15 @@ def encode_hello(index: int) -> bytes:
     return frame(_HELLO.pack(HELLO, index))
 
 
+def encode_welcome(held: Iterable[int]) -> bytes:
+    slots = sorted(held)
+    return frame(_WELCOME.pack(WELCOME, len(slots)) + struct.pack(f"<{len(slots)}i", *slots))
+
+
+def encode_release(slot: int) -> bytes:
+    return frame(_RELEASE.pack(RELEASE, slot))
+
+
 def encode_request(request: RequestFrame) -> bytes:
     deadline = math.nan if request.deadline_ms is None else request.deadline_ms
     head = _REQUEST.pack(
@@ -161,6 +178,16 @@ def kind_of(payload: bytes) -> int:
 
 def decode_hello(payload: bytes) -> int:
     return _HELLO.unpack(payload)[1]
+
+
+def decode_welcome(payload: bytes) -> tuple[int, ...]:
+    """The slots requests of this front end's earlier processes still hold."""
+    _, count = _WELCOME.unpack_from(payload)
+    return struct.unpack_from(f"<{count}i", payload, _WELCOME.size)
+
+
+def decode_release(payload: bytes) -> int:
+    return _RELEASE.unpack(payload)[1]
 
 
 def decode_request(payload: bytes) -> RequestFrame:
