@@ -14,8 +14,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import math
 import os
+import re
 import signal
 import struct
 import time
@@ -34,10 +36,11 @@ from server import ports
 from server.http_edge import EdgeLimits
 from server.tasks import BackgroundErrors
 from server.worker import handoff
-from server.worker.frontends import FrontendPool
+from server.worker.frontends import FrontendPool, RestartBackoff
 from server.worker.inference import Answer, Parsed
 from server.worker.models import load_codec, load_model
 from server.worker.runner import TorchRunner
+from tidal_base.errors import InvalidInput
 
 BINARY = {"content-type": "application/octet-stream"}
 
@@ -314,3 +317,40 @@ def test_a_restarted_front_end_leaves_the_slots_of_queued_requests_alone():
     assert seen["in a slot"] == [True, True, False]  # both slots held: the third inline
     assert seen["answered"] == [200, 200]
     assert seen["after"] == [True, True]  # both slots handed out again
+
+
+def test_a_front_end_that_keeps_exiting_is_started_again_ever_later(caplog):
+    """Killed as soon as it is up, three times: started again after 1, 2 and 4 s (the
+    backoff doubles; never sooner), each exit logged with its wait and counted."""
+
+    async def scenario():
+        pool, _ = await start_pool(Held())
+        loop = asyncio.get_running_loop()
+        waited = []
+        for _ in range(3):
+            pid = pool.summary()[0]["pid"]
+            os.kill(pid, signal.SIGKILL)
+            killed_at = loop.time()
+            await eventually(
+                lambda pid=pid: pool.ready and pool.summary()[0]["pid"] != pid, 60, "the restart"
+            )
+            waited.append(loop.time() - killed_at)
+        summary = pool.summary()[0]
+        await pool.stop()
+        return waited, summary
+
+    with caplog.at_level(logging.INFO, logger="tidal.worker"):
+        waited, summary = asyncio.run(scenario())
+    said = [r.getMessage() for r in caplog.records if "exited with code -9" in r.getMessage()]
+    assert [re.search(r"again in (\S+) s", line)[1] for line in said] == ["1", "2", "4"], said
+    assert waited[1] >= 2 and waited[2] >= 4, waited  # lower bounds: never sooner
+    assert summary["restarts"] == 3 and summary["exits_in_a_row"] == 3
+
+
+def test_the_restart_backoff_doubles_to_its_cap_and_a_stable_run_ends_the_row():
+    backoff = RestartBackoff(first_s=1.0, max_s=30.0, stable_after_s=60.0)
+    assert [backoff.delay_s(n) for n in range(1, 8)] == [1, 2, 4, 8, 16, 30, 30]
+    assert backoff.exits_in_a_row(5, ran_s=59.0) == 6
+    assert backoff.exits_in_a_row(5, ran_s=60.0) == 1  # it ran a minute: 1 s again
+    with pytest.raises(InvalidInput, match="max_s must be >= first_s"):
+        RestartBackoff(first_s=2.0, max_s=1.0)

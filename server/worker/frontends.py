@@ -13,8 +13,11 @@ end, reused by its restart), the hand-off socket, and which slots requests of a 
 front end still hold (queued here, read in place): its restart is told them when it
 connects and gets each back once its request is done, so an input is never rewritten
 before its batch has run (`server.worker.handoff`). A front end that dies is logged
-with its exit code, counted (`tidal_worker_frontend_restarts_total`) and started again;
-the worker is not ready until every front end has connected.
+with its exit code, counted (`tidal_worker_frontend_restarts_total`) and started again
+after a backoff (`RestartBackoff`: 1 s, doubled for each exit in a row, at most 30 s,
+counted from the start again once a process has run a minute), so a front end that
+cannot start is not respawned every second forever; the worker is not ready until every
+front end has connected.
 """
 
 from __future__ import annotations
@@ -41,15 +44,44 @@ from server.worker import handoff
 from server.worker.frontend import FrontendSpec, run_frontend
 from server.worker.inference import Answer, Parsed
 from server.worker.models import InputCodec
+from tidal_base.errors import InvalidInput
 
 log = logging.getLogger("tidal.worker")
 
 SLOTS_PER_FRONTEND = 1024
 """Requests a front end may have handed off at once before inputs travel inline."""
-RESTART_AFTER_S = 1.0
+POLL_S = 1.0
+"""How often the front ends' processes are looked at."""
 
 Serve = Callable[[Parsed, float], Awaitable[Answer]]
 """(parsed request, ingress seconds) -> its answer: `server.worker.inference.answer`."""
+
+
+@dataclass(frozen=True, slots=True)
+class RestartBackoff:
+    """How long a front end that exited waits to be started again: `first_s`, doubled
+    for each exit in a row, at most `max_s`. A process that ran `stable_after_s` or more
+    ends the row: its exit waits `first_s` again."""
+
+    first_s: float = 1.0
+    max_s: float = 30.0
+    stable_after_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if not self.first_s > 0:
+            raise InvalidInput(f"first_s must be > 0, got {self.first_s}")
+        if not self.max_s >= self.first_s:
+            raise InvalidInput(f"max_s must be >= first_s ({self.first_s}), got {self.max_s}")
+        if not self.stable_after_s > 0:
+            raise InvalidInput(f"stable_after_s must be > 0, got {self.stable_after_s}")
+
+    def exits_in_a_row(self, before: int, ran_s: float) -> int:
+        """The row's length after the exit of a process that ran `ran_s`."""
+        return 1 if ran_s >= self.stable_after_s else before + 1
+
+    def delay_s(self, exits_in_a_row: int) -> float:
+        """The wait before the next start, the row this long."""
+        return min(self.max_s, self.first_s * 2.0 ** max(0, exits_in_a_row - 1))
 
 
 @dataclass
@@ -61,7 +93,9 @@ class _Frontend:
     process: multiprocessing.process.BaseProcess | None = None
     connected: bool = False
     started_at: float = 0.0
+    restart_at: float | None = None  # exited: when it is started again
     restarts: int = 0
+    exits_in_a_row: int = 0
     cpu_s: float = 0.0  # this process's report
     requests: int = 0
     cpu_s_before: float = 0.0  # earlier processes' last reports
@@ -83,9 +117,12 @@ class FrontendPool:
         limits: EdgeLimits,
         client_timeout_s: float,
         slots_per_frontend: int = SLOTS_PER_FRONTEND,
+        backoff: RestartBackoff = RestartBackoff(),
+        poll_s: float = POLL_S,
     ) -> None:
         self.count, self.model, self.listening = count, model, listening
         self.limits, self.client_timeout_s = limits, client_timeout_s
+        self.backoff, self.poll_s = backoff, poll_s
         self._folder = Path(tempfile.mkdtemp(prefix="tidal-worker-"))
         self.api_path = str(self._folder / "api.sock")  # the model process's own API
         self.handoff_path = str(self._folder / "handoff.sock")
@@ -145,6 +182,7 @@ class FrontendPool:
                 "pid": f.process.pid if f.process is not None else None,
                 "connected": f.connected,
                 "restarts": f.restarts,
+                "exits_in_a_row": f.exits_in_a_row,
                 "requests": f.requests_before + f.requests,
                 "cpu_s": round(f.cpu_s_before + f.cpu_s, 3),
             }
@@ -175,25 +213,56 @@ class FrontendPool:
         frontend.started_at = time.monotonic()
 
     async def _supervise(self) -> None:
-        """Restart a front end that exits while the worker serves."""
+        """Start again a front end that exits while the worker serves, after its backoff."""
         while not self._stopping:
-            await asyncio.sleep(RESTART_AFTER_S)
+            await asyncio.sleep(self._next_look_s())
+            now = time.monotonic()
             for frontend in self._frontends:
-                process = frontend.process
-                if process is None or process.is_alive() or self._stopping:
-                    continue
-                log.error(
-                    "front end %d (pid %s) exited with code %s; starting it again",
-                    frontend.index,
-                    process.pid,
-                    process.exitcode,
-                )
-                frontend.restarts += 1
-                frontend.connected = False
-                frontend.cpu_s_before += frontend.cpu_s
-                frontend.requests_before += frontend.requests
-                frontend.cpu_s, frontend.requests = 0.0, 0
+                if not self._stopping:
+                    self._look_after(frontend, now)
+
+    def _next_look_s(self) -> float:
+        """Until the next poll, or the next restart that falls due before it."""
+        now = time.monotonic()
+        due = [f.restart_at - now for f in self._frontends if f.restart_at is not None]
+        return max(0.0, min([self.poll_s, *due]))
+
+    def _look_after(self, frontend: _Frontend, now: float) -> None:
+        process = frontend.process
+        if frontend.restart_at is not None:
+            if now >= frontend.restart_at:
+                frontend.restart_at = None
                 self._start(frontend)
+        elif process is not None and not process.is_alive():
+            self._exited(frontend, process, now)
+        elif frontend.exits_in_a_row and now - frontend.started_at >= self.backoff.stable_after_s:
+            log.info(
+                "front end %d has run %.0f s since its restart: its backoff starts over",
+                frontend.index,
+                now - frontend.started_at,
+            )
+            frontend.exits_in_a_row = 0
+
+    def _exited(self, frontend: _Frontend, process, now: float) -> None:
+        ran_s = now - frontend.started_at
+        frontend.exits_in_a_row = self.backoff.exits_in_a_row(frontend.exits_in_a_row, ran_s)
+        delay_s = self.backoff.delay_s(frontend.exits_in_a_row)
+        log.error(
+            "front end %d (pid %s) exited with code %s after %.1f s (%d in a row); "
+            "starting it again in %g s",
+            frontend.index,
+            process.pid,
+            process.exitcode,
+            ran_s,
+            frontend.exits_in_a_row,
+            delay_s,
+        )
+        frontend.restarts += 1
+        frontend.connected = False
+        frontend.cpu_s_before += frontend.cpu_s
+        frontend.requests_before += frontend.requests
+        frontend.cpu_s, frontend.requests = 0.0, 0
+        frontend.restart_at = now + delay_s
 
     # -- hand-offs -------------------------------------------------------------------
 
@@ -271,12 +340,19 @@ class FrontendPool:
             "tidal_worker_frontends_connected",
             "Front-end processes connected to the model process.",
         )
+        in_a_row = GaugeMetricFamily(
+            "tidal_worker_frontend_exits_in_a_row",
+            "Exits of a front end with no stable run between (its restart waits longer "
+            "for each); 0 once a process has run long enough.",
+            labels=["frontend"],
+        )
         for f in self._frontends:
             requests.add_metric([str(f.index)], f.requests_before + f.requests)
             cpu.add_metric([str(f.index)], f.cpu_s_before + f.cpu_s)
+            in_a_row.add_metric([str(f.index)], f.exits_in_a_row)
         restarts.add_metric([], sum(f.restarts for f in self._frontends))
         connected.add_metric([], sum(f.connected for f in self._frontends))
-        return [requests, cpu, restarts, connected]
+        return [requests, cpu, restarts, connected, in_a_row]
 
 
 def _release(frontend: _Frontend, slot: int, writer: asyncio.StreamWriter) -> None:
