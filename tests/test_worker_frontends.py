@@ -30,7 +30,7 @@ import torch
 from processes import wait_for
 from prometheus_client.parser import text_string_to_metric_families
 from test_http_edge import answer, connect, head
-from test_worker_http import AUTH, image, start_worker
+from test_worker_http import AUTH, TOKEN, image, start_worker
 
 from server import ports
 from server.http_edge import EdgeLimits
@@ -154,6 +154,33 @@ def test_every_other_path_reaches_the_model_process(worker):
     wait_for(lambda: metric(url, "tidal_worker_frontend_cpu_seconds_total") > 0, 10, "a report")
     assert metric(url, "tidal_worker_frontend_requests_total") >= 1
     assert metric(url, "tidal_worker_frontends_connected") == 2
+
+
+@pytest.mark.parametrize(
+    ("authorization", "framing", "status", "message"),
+    [
+        (None, "Content-Length: 500000000", 401, "missing bearer token"),
+        ("Bearer wrong", "Content-Length: 500000000", 403, "wrong bearer token"),
+        (f"Bearer {TOKEN}", "Content-Length: 500000000", 413, "at most 65536 bytes"),
+        (None, "Content-Length: 100", 401, "missing bearer token"),  # never sent
+        ("Bearer wrong", "Transfer-Encoding: chunked", 403, "wrong bearer token"),
+    ],
+)
+def test_a_config_write_checks_the_token_before_a_front_end_reads_the_body(
+    worker, authorization, framing, status, message
+):
+    """As without front ends (server.http_edge): the model process's API decides, from
+    the request's head alone, before a byte of the body is read or forwarded."""
+    _, url = worker
+    extra = [] if authorization is None else [f"Authorization: {authorization}"]
+    with connect(url) as sock:
+        request = head("PUT", "/v1/config", "Content-Type: application/json", framing, *extra)
+        sock.sendall(request)
+        got, headers, body = answer(sock)
+    assert got == status and message in body["error"], body
+    assert headers["connection"] == "close"
+    if status == 401:
+        assert headers["www-authenticate"] == "Bearer"
 
 
 def test_a_killed_front_end_is_started_again_and_counted(worker):

@@ -9,7 +9,10 @@ and the model's input validation (`server.worker.inference.parse_request`). The 
 tensor goes to the model process through a shared-memory slot (`server.worker.handoff`),
 whose answer comes back as the HTTP status and JSON body to send. Every other path
 (health, stats, config, metrics, docs) is forwarded as it came to the model process's
-own API on a Unix socket, so there is one source of truth for each.
+own API on a Unix socket, so there is one source of truth for each. That API also
+decides which requests need the token: one with a body is first shown to it as its head
+alone (`TokenFirst`), so a missing or wrong token is refused before a byte of the body
+is read, as without front ends (`server.http_edge`).
 
 A front end whose model process goes away answers what it holds 503 and exits.
 """
@@ -28,10 +31,11 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
+import h11
 import httpx
 import torch
 import uvicorn
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from server.http_edge import EdgeGuard, EdgeLimits, uvicorn_config
 from server.worker import handoff
@@ -44,6 +48,8 @@ STATS_EVERY_S = 1.0
 GONE = refusal(503, "the worker's model process is gone").body
 # Hop-by-hop and framing headers: each side of the forward sets its own.
 _NOT_FORWARDED = {b"host", b"connection", b"content-length", b"transfer-encoding", b"keep-alive"}
+# What a request's head, shown alone, does not carry on: its own Host, Expect and framing.
+_NOT_ASKED = {b"host", b"connection", b"keep-alive", b"expect", b"transfer-encoding"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,8 +73,9 @@ def run_frontend(spec: FrontendSpec, listening: socket.socket) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per forwarded request
     app = FrontendApp(spec)
-    guarded = EdgeGuard(app, limits=spec.limits, routes=list)
-    config = uvicorn_config(guarded, spec.client_timeout_s, lifespan="on")
+    guarded = EdgeGuard(app, limits=spec.limits, routes=list)  # its bounds; the token:
+    checked = TokenFirst(guarded, spec.api_path, spec.limits.read_timeout_s)
+    config = uvicorn_config(checked, spec.client_timeout_s, lifespan="on")
     uvicorn.Server(config).run(sockets=[listening])
 
 
@@ -250,6 +257,104 @@ class FrontendApp:
 
 async def _read_frame(reader: asyncio.StreamReader) -> bytes:
     return await reader.readexactly(handoff.frame_length(await reader.readexactly(4)))
+
+
+class TokenFirst:
+    """ASGI middleware, a front end's outermost: the token before the body.
+
+    The model process's API knows which of its routes need the token and checks it
+    before it reads a body (`server.http_edge.EdgeGuard`); a front end holds neither its
+    routes nor its token. So a request for that API that carries a body is first shown
+    to it as its head alone, with `Expect: 100-continue`: its refusal (401, 403, 413)
+    comes back before a byte of the body is read here and goes to the client as it
+    came, the connection closed; its `100 Continue` lets the request on, to be read and
+    forwarded. Inference (`POST /v1/infer`) needs no token and is not asked about."""
+
+    def __init__(self, app: ASGIApp, api_path: str, timeout_s: float) -> None:
+        self.app, self.api_path, self.timeout_s = app, api_path, timeout_s
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and _forwarded_with_body(scope):
+            refused = await self._refusal(scope)
+            if refused is not None:
+                await _relay(send, *refused)
+                return
+        await self.app(scope, receive, send)
+
+    async def _refusal(self, scope: Scope) -> tuple[int, list, bytes] | None:
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                return await ask_head_first(self.api_path, scope)
+        except (OSError, TimeoutError, h11.ProtocolError) as error:  # starting, or gone
+            message = f"the worker's model process did not answer ({error!r})"
+            return 503, [(b"content-type", b"application/json")], _json(refusal(503, message))
+
+
+def _forwarded_with_body(scope: Scope) -> bool:
+    if scope["path"] == "/v1/infer" and scope["method"] == "POST":
+        return False
+    headers = dict(scope["headers"])
+    length = headers.get(b"content-length", b"0")
+    if not length.isdigit():
+        return False  # no body to protect: EdgeGuard answers 400 from the head
+    return b"transfer-encoding" in headers or int(length) > 0
+
+
+async def ask_head_first(api_path: str, scope: Scope) -> tuple[int, list, bytes] | None:
+    """The API's answer to the request's head alone: None when it wants the body (`100
+    Continue`), else its refusal's (status, headers, body)."""
+    reader, writer = await asyncio.open_unix_connection(api_path)
+    try:
+        connection = h11.Connection(h11.CLIENT)
+        writer.write(connection.send(_head_alone(scope)))
+        return await _first_answer(connection, reader)
+    finally:
+        writer.close()  # a request it let on is never sent: it sees the client leave
+
+
+def _head_alone(scope: Scope) -> h11.Request:
+    headers = [(k, v) for k, v in scope["headers"] if k not in _NOT_ASKED]
+    if any(k == b"transfer-encoding" for k, _ in scope["headers"]):
+        headers.append((b"transfer-encoding", b"chunked"))  # what it is framed as
+        headers = [(k, v) for k, v in headers if k != b"content-length"]
+    query = scope.get("query_string", b"")
+    target = scope["path"].encode("latin-1") + (b"?" + query if query else b"")
+    expect = [(b"host", b"worker"), (b"expect", b"100-continue")]
+    return h11.Request(method=scope["method"], target=target, headers=headers + expect)
+
+
+async def _first_answer(
+    connection: h11.Connection, reader: asyncio.StreamReader
+) -> tuple[int, list, bytes] | None:
+    head: tuple[int, list] | None = None
+    body = []
+    while True:
+        event = connection.next_event()
+        if event is h11.NEED_DATA:
+            connection.receive_data(await reader.read(65536))
+        elif isinstance(event, h11.InformationalResponse):
+            return None  # 100 Continue: it would read the body
+        elif isinstance(event, h11.Response):
+            head = event.status_code, list(event.headers)
+        elif isinstance(event, h11.Data):
+            body.append(event.data)
+        elif isinstance(event, h11.EndOfMessage) and head is not None:
+            return *head, b"".join(body)
+        else:
+            raise ConnectionError(f"the model process's API closed without an answer ({event})")
+
+
+async def _relay(send: Send, status: int, headers: list, body: bytes) -> None:
+    """A refusal as the model process's API gave it, and the connection closed: the
+    rest of the request's body is not read."""
+    kept = [(k, v) for k, v in headers if k.lower() not in _NOT_FORWARDED]
+    kept += [(b"content-length", str(len(body)).encode()), (b"connection", b"close")]
+    await send({"type": "http.response.start", "status": status, "headers": kept})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _json(answer: Answer) -> bytes:
+    return json.dumps(answer.body).encode()
 
 
 def _headers(scope: Scope, wanted: tuple[bytes, ...]) -> dict[bytes, str]:
