@@ -73,8 +73,8 @@ def run_frontend(spec: FrontendSpec, listening: socket.socket) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per forwarded request
     app = FrontendApp(spec)
-    guarded = EdgeGuard(app, limits=spec.limits, routes=list)  # its bounds; the token:
-    checked = TokenFirst(guarded, spec.api_path, spec.limits.read_timeout_s)
+    guarded = EdgeGuard(app, limits=spec.limits, routes=list)  # the bounds
+    checked = TokenFirst(guarded, spec.api_path, spec.limits.read_timeout_s)  # before them
     config = uvicorn_config(checked, spec.client_timeout_s, lifespan="on")
     uvicorn.Server(config).run(sockets=[listening])
 
@@ -96,7 +96,8 @@ class ModelLink:
         reader, self._writer = await asyncio.open_unix_connection(self.spec.handoff_path)
         self._writer.write(handoff.encode_hello(self.spec.index))
         welcome = await _read_frame(reader)
-        assert handoff.kind_of(welcome) == handoff.WELCOME, "HELLO is answered first"
+        if handoff.kind_of(welcome) != handoff.WELCOME:
+            raise ConnectionError(f"the model process answered HELLO with {welcome[:1]!r}")
         held = set(handoff.decode_welcome(welcome))  # an earlier process's queued requests
         self._free = deque(slot for slot in range(self.spec.slots) if slot not in held)
         self._tasks = [
