@@ -210,7 +210,7 @@ def test_the_edge_refuses_a_request_without_the_token_before_reading_its_body(pr
         if operation.get("security")
     ]
     reads = [(m, p) for m, p in protected if m == "GET"]
-    assert len(protected) == 6 + (9 if protect_reads else 0) and bool(reads) == protect_reads
+    assert len(protected) == 7 + (9 if protect_reads else 0) and bool(reads) == protect_reads
 
     async def body_never_read():
         raise AssertionError("the body was read before the token was checked")

@@ -14,7 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_controller import LATENCY, run
-from test_controller_api import AUTH, record_traffic, running
+from test_controller_api import AUTH, record_traffic, report_forever, running
+from test_controller_api import STATIC as STATIC_API
 from virtual_time import run_virtual
 
 from adaptive.bus import WorkerStats
@@ -334,3 +335,33 @@ def test_the_live_fleet_view_counts_a_warming_replica_as_starting_not_ready():
     assert state.workers_alive == 3 and state.workers_ready == 2
     assert (fleet.ready, fleet.starting, fleet.desired) == (2, 1, 3)
     assert workers == 2  # each ready replica's share of the load
+
+
+# -- the shadow through the API ---------------------------------------------------------
+
+
+def test_an_operator_sets_and_lifts_a_shadow_through_the_api_and_it_persists():
+    async def scenario():
+        bus = LocalPoolBus()
+        async with running(bus) as (control, api):
+            worker = asyncio.create_task(report_forever(bus))
+            set_ = await api.put("/v1/pools/p/shadow", json={"policy": "predictive"}, headers=AUTH)
+            while control.controller.last is None or control.controller.last.shadow is None:
+                await asyncio.sleep(0.05)
+            stored = await bus.load_settings("p")
+            typo = await api.put(
+                "/v1/pools/p/shadow", json={"policy": "aimd", "polcy": 1}, headers=AUTH
+            )
+            bad = await api.put("/v1/pools/p/shadow", json={"policy": "aimd:x=1"}, headers=AUTH)
+            lifted = await api.put("/v1/pools/p/shadow", json={"policy": None}, headers=AUTH)
+            worker.cancel()
+            return set_, stored, typo, bad, lifted, control
+
+    set_, stored, typo, bad, lifted, control = asyncio.run(scenario())
+    assert set_.status_code == 200 and set_.json()["shadow"] == "predictive"
+    assert set_.json()["policy"] == STATIC_API and set_.json()["config"]["max_batch"] == 8
+    assert stored["shadow"] == "predictive"
+    assert typo.status_code == 422 and "polcy" in typo.text  # an unknown key is refused
+    assert bad.status_code == 422 and bad.json()["field"] == "policy"
+    assert lifted.json()["shadow"] is None and control.controller.shadow is None
+    assert control.loop.state.errors == {} or not any(control.loop.state.errors.values())

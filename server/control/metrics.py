@@ -16,7 +16,7 @@ from adaptive.decisions import DecisionRecord, Mode
 from server.control.loop import ControlLoop
 from server.control.plane import PoolControl
 
-TICK_STAGES = ("elect", "read", "step", "refit", "replan", "publish", "record", "trim")
+TICK_STAGES = ("elect", "read", "step", "publish", "record", "trim")
 """The stages a tick fails at (`server.control.loop`), each exported from the start."""
 TICK_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
 
@@ -95,9 +95,16 @@ class _PoolCollector:
         )
         errors = CounterMetricFamily(
             "tidal_controller_tick_errors",
-            "Control ticks that failed, by the stage that failed (elect, read, step, refit, "
-            "replan, publish, record, trim; each at 0 from the start).",
+            "Control ticks that failed, by the stage that failed (elect, read, step, "
+            "publish, record, trim; each at 0 from the start).",
             labels=["pool", "stage"],
+        )
+        jobs = CounterMetricFamily(
+            "tidal_controller_background_jobs",
+            "The controller's background jobs (forecast refits, table rebuilds) by kind and "
+            "outcome: done, failed (kept what it had, retried after a backoff), dropped (it "
+            "finished after its controller was replaced).",
+            labels=["pool", "job", "outcome"],
         )
         malformed = CounterMetricFamily(
             "tidal_controller_malformed_stats",
@@ -153,6 +160,11 @@ class _PoolCollector:
             shadow = controller.shadow.spec if controller.shadow is not None else ""
             policy.add_metric([pool, control.policy_spec, shadow], 1.0)
             malformed.add_metric([pool], state.malformed_stats)
+            jobs.add_metric([pool, "refit", "done"], state.refits)
+            jobs.add_metric([pool, "replan", "done"], state.replans)
+            for kind in ("refit", "replan"):
+                jobs.add_metric([pool, kind, "failed"], state.job_failures.get(kind, 0))
+            jobs.add_metric([pool, "any", "dropped"], state.jobs_dropped)
             for engine, count in sorted(state.engines.items()):
                 members.add_metric([pool, engine], count)
             if controller.replicas is not None:
@@ -183,6 +195,7 @@ class _PoolCollector:
         yield forecast
         yield scored
         yield errors
+        yield jobs
         yield malformed
         yield members
         yield rebuilds

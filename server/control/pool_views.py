@@ -24,6 +24,7 @@ from adaptive.learned_latency import PLANNED_SIZES
 from server.control.loop import member_ready
 from server.control.plane import PoolControl
 from server.control.schemas import (
+    BackgroundJobs,
     ForecastBody,
     ForecastPoint,
     LatencyModelSummary,
@@ -97,6 +98,13 @@ async def pool_summary(control: PoolControl) -> PoolSummary:
         ticks=state.ticks,
         last_tick_ms=round(state.last_tick_s * 1e3, 3),
         last_error=state.last_error,
+        jobs=BackgroundJobs(
+            refits=state.refits,
+            replans=state.replans,
+            failed=dict(sorted(state.job_failures.items())),
+            last_failure=state.last_job_error,
+            dropped=state.jobs_dropped,
+        ),
         health=pool_health(control),
         config_changes=controller.config_changes,
         fallback_s=controller.fallback_s,

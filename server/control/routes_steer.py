@@ -1,5 +1,6 @@
-"""Steering a pool (tag `steer`): its policy, a pinned override, declared events, and
-the rollout gate that replays recorded traffic through a candidate policy.
+"""Steering a pool (tag `steer`): its policy, a shadow beside it, a pinned override,
+declared events, and the rollout gate that replays recorded traffic through a candidate
+policy.
 
 Writes need the token (`Access.WRITE`, or `WRITE_BODY` where they take a JSON body: the
 edge bounds it and documents its 400, 408 and 413); the events read needs it only with
@@ -25,6 +26,7 @@ from server.control.schemas import (
     PolicyRequest,
     PoolEvents,
     PoolSummary,
+    ShadowRequest,
     SimulateRequest,
 )
 from server.http_errors import ApiError, error_responses
@@ -45,6 +47,23 @@ routes = RouteTable("steer")
 async def put_policy(pool: str, body: PolicyRequest, api: Api) -> PoolSummary:
     control = api.leading(pool)
     await bus_call(control.set_policy(body.policy))
+    return await pool_summary(control)
+
+
+@routes.put(
+    "/v1/pools/{pool}/shadow",
+    access=Access.WRITE_BODY,
+    responses=error_responses(
+        when=POOL_WRITE
+        | {422: "a malformed body, or a policy spec that does not build (`field`: policy)"}
+    ),
+)
+async def put_shadow(pool: str, body: ShadowRequest, api: Api) -> PoolSummary:
+    """Run a policy beside the pool's from the next tick, with its own forecast, recorded
+    in the decisions and never applied (how to try predictive before rolling it out);
+    `null` lifts it. Persisted like the policy."""
+    control = api.leading(pool)
+    await bus_call(control.set_shadow(body.policy))
     return await pool_summary(control)
 
 

@@ -30,13 +30,27 @@ from pydantic import BaseModel, ConfigDict, Field
 # -- requests --------------------------------------------------------------------------
 
 
-class PolicyRequest(BaseModel):
+class RequestModel(BaseModel):
+    """A body this API takes: a key it does not know is a 422 naming it, never ignored
+    (a misspelt `promte: true` must not run the gate and quietly not promote)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class PolicyRequest(RequestModel):
     policy: str = Field(description="a policy spec, e.g. predictive:forecaster=holt-winters")
 
 
-class OverrideRequest(BaseModel):
+class ShadowRequest(RequestModel):
+    policy: str | None = Field(
+        description="a policy spec to run beside the pool's policy, recorded in the decisions "
+        "and never applied; null lifts the shadow"
+    )
+
+
+class OverrideRequest(RequestModel):
     # Strict: pydantic's lax mode would take `true` as 1 and "8" as 8.
-    model_config = ConfigDict(strict=True)
+    model_config = ConfigDict(strict=True, extra="forbid")
 
     max_batch: int = Field(ge=1, le=65536)
     timeout_ms: float = Field(ge=0, le=60_000, allow_inf_nan=False)
@@ -48,14 +62,14 @@ class OverrideRequest(BaseModel):
     )
 
 
-class EventsRequest(BaseModel):
+class EventsRequest(RequestModel):
     events: list[dict[str, Any]] = Field(
         description="events as in an events file: name, start, end, multiplier | rate_rps, "
         "ramp_up, ramp_down (times ISO-8601 or Unix seconds)"
     )
 
 
-class SimulateRequest(BaseModel):
+class SimulateRequest(RequestModel):
     candidate: str = Field(description="the candidate policy spec")
     hours: float = Field(default=1.0, gt=0, le=24 * 8, description="recorded traffic to replay")
     promote: bool = Field(default=False, description="switch to the candidate if no worse")
@@ -115,6 +129,23 @@ class ThisController(ResponseModel):
     leading: bool
 
 
+class BackgroundJobs(ResponseModel):
+    """The controller's work off the control step: forecast refits (the policy's and the
+    shadow's) and rebuilds of the planner's table, since this controller started."""
+
+    refits: int
+    replans: int
+    failed: dict[str, int] = Field(
+        description="failed jobs by kind; the controller kept what it had and retries after "
+        "a backoff"
+    )
+    last_failure: str | None
+    dropped: int = Field(
+        description="jobs that finished after the controller or shadow that asked for them "
+        "was replaced (a policy switch, a promotion): never installed"
+    )
+
+
 class PoolSummary(ResponseModel):
     """A pool's state; `last_decision` is a record of the decision log
     (docs/control-plane.md)."""
@@ -156,6 +187,7 @@ class PoolSummary(ResponseModel):
     ticks: int
     last_tick_ms: float
     last_error: str | None
+    jobs: BackgroundJobs
     health: PoolHealth
     config_changes: int
     fallback_s: float
