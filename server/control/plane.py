@@ -28,6 +28,7 @@ from adaptive.config import BatchConfig
 from adaptive.controller import Controller, ControllerSettings, Override
 from adaptive.decisions import config_dict
 from adaptive.fleet import FleetLimits
+from adaptive.forecast_feed import ForecastFeed
 from adaptive.guards import Guardrails
 from adaptive.latency import LatencyModel
 from adaptive.learned_latency import LatencyLearner, LearningSettings
@@ -330,15 +331,17 @@ class PoolControl:
         return controller
 
     async def _prime(self, controller: Controller) -> None:
-        """Feed the forecast the pool's recorded arrivals (a restart keeps its history)."""
-        feed = controller.feed
-        if feed is None:
-            return
+        """Feed the forecasts (the policy's and the shadow's) the pool's recorded arrivals:
+        a restart, a switch or a new shadow keeps the day's history."""
+        shadow = controller.shadow
+        for feed in filter(None, (controller.feed, shadow.feed if shadow else None)):
+            await self._prime_feed(feed)
+
+    async def _prime_feed(self, feed: ForecastFeed) -> None:
         _, counts = await self._recorded(feed.history_s)
-        if not counts.size:
-            return
-        feed.prime(counts, self.clock.now())
-        log.info("%s: forecast primed with %d s of recorded traffic", self.pool, counts.size)
+        if counts.size:
+            feed.prime(counts, self.clock.now())
+            log.info("%s: forecast primed with %d s of recorded traffic", self.pool, counts.size)
 
     async def _recorded(self, span_s: float) -> tuple[int, np.ndarray]:
         """Arrivals per second over the last `span_s`, from the first recorded second
@@ -389,14 +392,23 @@ class PoolControl:
         (None lifts the shadow); built fresh from its spec, persisted for a restart."""
         async with self._lock:
             policy = None if spec is None else await self.build_policy(spec)
-            self.controller.set_shadow(policy)
             self.shadow_spec = spec
+            await self._install_shadow(policy)
             stored = None if spec == self.plan.shadow else (spec or "")
             await self.bus.save_setting(self.pool, "shadow", stored)
 
     async def _apply_shadow(self) -> None:
+        """The controller's shadow as `shadow_spec` says (the stored settings changed)."""
         spec = self.shadow_spec
-        self.controller.set_shadow(None if spec is None else await self.build_policy(spec))
+        await self._install_shadow(None if spec is None else await self.build_policy(spec))
+
+    async def _install_shadow(self, policy: Policy | None) -> None:
+        """`policy` (built fresh) as the controller's shadow, its forecast primed."""
+        controller = self.controller
+        controller.set_shadow(policy)
+        if controller.shadow is not None and controller.shadow.feed is not None:
+            with contextlib.suppress(RedisError, OSError):
+                await self._prime_feed(controller.shadow.feed)
 
     async def pin(
         self, config: BatchConfig, for_s: float, reason: str, replicas: int | None = None
