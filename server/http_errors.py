@@ -19,6 +19,8 @@ from pydantic import BaseModel, Field, ValidationError
 from starlette.exceptions import HTTPException
 from starlette.routing import Match
 
+from tidal_base.errors import TidalError
+
 
 class ErrorBody(BaseModel):
     """The body of every error answer (4xx and 5xx) of a Tidal API."""
@@ -99,8 +101,10 @@ def _invalid_json(error: Mapping[str, Any]) -> JSONResponse:
     return error_response(422, f"body: invalid JSON{where}: {reason}")
 
 
-class ApiError(Exception):
-    """Raised anywhere in a request: becomes `error_response(status, message, field)`."""
+class ApiError(TidalError):
+    """A request refused on purpose (an unknown pool, a follower asked to write, a bad
+    token): raised anywhere in a request, answered by its handler as
+    `error_response(status, message, field)` with `headers`."""
 
     def __init__(self, status: int, message: str, field: str | None = None, **headers: str):
         super().__init__(message)

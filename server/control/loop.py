@@ -90,7 +90,11 @@ def member_ready(info: dict[str, Any]) -> bool:
 
 
 class TickFailed(Exception):
-    """A tick failed at `stage`; the cause is chained."""
+    """A tick failed at `stage`; the cause is chained. `run` catches it, logs it, counts
+    it by stage and backs off, and ticks on.
+
+    Not a `TidalError`: it wraps whatever the stage raised, a bug included, only to name
+    the stage; the cause says whether Tidal raised it on purpose."""
 
     def __init__(self, stage: str, cause: BaseException) -> None:
         super().__init__(f"{stage}: {cause!r}")

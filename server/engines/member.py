@@ -34,13 +34,14 @@ from adaptive.clock import Clock
 from server.bus.protocols import WorkerBus
 from server.engines.protocols import ConfigRejected, Engine
 from server.tasks import BackgroundErrors, cancel_and_wait, spawn
+from tidal_base.errors import TidalError
 
 log = logging.getLogger("tidal.member")
 
 BACKOFF_S = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 
 
-class EngineUnreachable(Exception):
+class EngineUnreachable(TidalError):
     """The engine did not answer (down, restarting, a wrong address): raised by an
     engine's `collect` or `apply`. The engine's next window that does answer covers the
     time it was away."""

@@ -12,9 +12,10 @@ from typing import Any, Protocol
 
 from adaptive.bus import VersionedConfig, WorkerStats
 from adaptive.change_cost import ChangeCost
+from tidal_base.errors import TidalError
 
 
-class ConfigRejected(Exception):
+class ConfigRejected(TidalError):
     """The engine refused a config (a cap the deployment cannot take, an override the
     server answered with an error); the config it ran before keeps serving."""
 

@@ -124,7 +124,12 @@ class ModelledExecution:
 
 
 class OutOfMemory(Exception):
-    """A batch did not fit in device memory (torch's OOM, normalised across devices)."""
+    """A batch did not fit in device memory (torch's OOM, normalised across devices):
+    the batcher splits the batch; warming stops there, and the cap falls below the bucket.
+
+    Not a `TidalError`: a device's limit, not a refusal of Tidal's. Where nothing catches
+    it (`tidal profile` asked for a batch that does not fit) it keeps its traceback, with
+    torch's message chained, as any other failure of the device."""
 
 
 class TorchRunner:
