@@ -47,15 +47,24 @@ class AimdPolicy:
 
     @property
     def spec(self) -> str:
+        """The spec "aimd:step=S,backoff=B,timeout=T": `start`, `fill`, `budget` and
+        `max_batch` are not in it, so it rebuilds this policy only where they are the
+        defaults."""
         return (
             f"aimd:step={self.step},backoff={self.backoff:g},"
             f"timeout={format_duration(self.timeout_s)}"
         )
 
     def initial_config(self) -> BatchConfig:
+        """Batch `start` within `timeout_s`."""
         return BatchConfig(self.start, self.timeout_s)
 
     def decide(self, snapshot: Snapshot) -> Decision:
+        """Cut the cap to at most `backoff` x the serving cap when the tick's batches took
+        longer than `budget` x the SLO on average (a protective move); raise it to the
+        serving cap plus `step`, at most `max_batch`, when they ran within budget and their
+        mean size was at least `fill` of the serving cap; otherwise hold. A tick with no
+        batches holds. The timeout never changes."""
         seen = snapshot.observation
         serving = snapshot.serving_cap
         if not seen.batches:

@@ -58,15 +58,24 @@ class ServeAutoscalerPolicy:
 
     @property
     def spec(self) -> str:
+        """The spec "serve-autoscaler:max_batch=N,timeout=T,target_ongoing=X": the
+        look-back, the delays and the factor are not in it, so it rebuilds this policy
+        only where they are the defaults."""
         return (
             f"serve-autoscaler:{self.config.describe()},target_ongoing="
             f"{self.target_ongoing_requests:g}"
         )
 
     def initial_config(self) -> BatchConfig:
+        """The static batch config, held throughout."""
         return self.config
 
     def decide(self, snapshot: Snapshot) -> Decision:
+        """The static config, and (when the fleet scales) the replicas Serve's rule wants:
+        the ongoing requests averaged over `look_back_s`, over `target_ongoing_requests`,
+        scaled by `scaling_factor` from the ready replicas and rounded up, once wanted in
+        one direction without a break for `upscale_delay_s` (up) or `downscale_delay_s`
+        (down); until then the replicas desired now. With a fixed fleet, no replica count."""
         fleet = snapshot.fleet
         if fleet is None:
             return Decision(self.config, "static batching; the fleet is fixed")
@@ -140,12 +149,21 @@ class HpaPolicy:
 
     @property
     def spec(self) -> str:
+        """The spec "hpa:max_batch=N,timeout=T,target=X": the period, the tolerance and the
+        window are not in it, so it rebuilds this policy only where they are the defaults."""
         return f"hpa:{self.config.describe()},target={self.target:g}"
 
     def initial_config(self) -> BatchConfig:
+        """The static batch config, held throughout."""
         return self.config
 
     def decide(self, snapshot: Snapshot) -> Decision:
+        """The static config, and (when the fleet scales) the replicas of the last sync:
+        every `period_s`, the ready replicas x utilisation over the period / `target`
+        (no change when that ratio is within `tolerance` of 1), at most double or four
+        more than the replicas desired, whichever is larger; a move down takes the highest
+        recommendation of the last `stabilization_s`. Before the first sync, the replicas
+        desired now; with a fixed fleet, no replica count."""
         fleet = snapshot.fleet
         if fleet is None:
             return Decision(self.config, "static batching; the fleet is fixed")

@@ -50,6 +50,8 @@ class Batcher(Generic[Item]):
     """
 
     def __init__(self, config: BatchConfig, max_queue: int | None = None) -> None:
+        """`config`: the rule batches form under until `reconfigure`. `max_queue`: how many
+        requests may wait at once (None: no bound); `InvalidInput` if below 1."""
         if max_queue is not None and max_queue < 1:
             raise InvalidInput(f"max_queue must be >= 1, got {max_queue}")
         self._config = config
@@ -62,6 +64,7 @@ class Batcher(Generic[Item]):
 
     @property
     def config(self) -> BatchConfig:
+        """The config the next batch forms under."""
         return self._config
 
     def __len__(self) -> int:

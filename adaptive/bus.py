@@ -24,6 +24,9 @@ from adaptive.policy import Observation
 
 @dataclass(frozen=True, slots=True)
 class VersionedConfig:
+    """A config as the pool's controller published it: `version` grows with every publication, so a
+    worker applies only a version newer than the one it runs."""
+
     version: int
     config: BatchConfig
 

@@ -67,29 +67,36 @@ class JointPolicy:
 
     @property
     def spec(self) -> str:
+        """The spec as written (`spec_text`), which rebuilds it."""
         return self.spec_text
 
     @property
     def forecaster(self) -> Forecaster:
+        """The batching policy's forecaster (one forecast serves both plans)."""
         return self.batching.forecaster
 
     @property
     def forecast_step_s(self) -> float:
+        """The batching policy's forecast step, in seconds."""
         return self.batching.forecast_step_s
 
     @property
     def uses_events(self) -> bool:
+        """Whether the batching policy's forecasts take declared events in."""
         return self.batching.uses_events
 
     @property
     def history_s(self) -> float:
+        """How much history, in seconds, the batching policy's forecaster is refitted on."""
         return self.batching.history_s
 
     @property
     def optimizer(self) -> ConfigOptimizer:
+        """The batching policy's optimiser, compiled for one replica."""
         return self.batching.optimizer
 
     def initial_config(self) -> BatchConfig:
+        """The batching policy's starting config."""
         return self.batching.initial_config()
 
     def replan(self, optimizer: ConfigOptimizer) -> None:
@@ -107,6 +114,12 @@ class JointPolicy:
     # -- deciding ---------------------------------------------------------------------
 
     def decide(self, snapshot: Snapshot) -> Decision:
+        """Batches: the batching policy's decision on one ready replica's share of the load
+        and of the forecast. Replicas (when the fleet scales): out to what the larger of
+        the forecast's upper bound over a new replica's lead time and the load measured now
+        needs; in only to what the highest load measured, and the replicas wanted, over
+        `scale_in_after_s` need. The reason says why the count moved, then the batches'.
+        With a fixed fleet, batches only, for one worker's share."""
         fleet = snapshot.fleet
         if fleet is None:  # a fixed fleet: batches only, for one replica's share
             return self.batching.decide(self._per_replica(snapshot, snapshot.workers))
@@ -117,6 +130,7 @@ class JointPolicy:
         return evolve(batches, reason=reason, replicas=replicas)
 
     def replicas_for(self, rate_rps: float) -> int:
+        """The replicas `rate_rps` (requests per second) needs at `replica_rps` each, at least 1."""
         return max(1, math.ceil(rate_rps / self.replica_rps - 1e-9))
 
     def _lead_s(self, warmup_s: float, tick_s: float) -> float:

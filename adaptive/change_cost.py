@@ -49,6 +49,8 @@ class ChangeCost:
         return RELOAD_SPACING * self.reload_s
 
     def describe(self) -> str:
+        """The costs in words, for logs and the API: "warm-up 0.5 s per bucket, reload 3 s per
+        change", or "free"."""
         parts = []
         if self.warmup_per_bucket_s:
             parts.append(f"warm-up {self.warmup_per_bucket_s:g} s per bucket")
@@ -66,6 +68,8 @@ class ReloadTracker:
     """
 
     def __init__(self, reload_s: float, initial: BatchConfig) -> None:
+        """`reload_s`: how long each reload takes, in seconds (`InvalidInput` unless finite and >=
+        0). `initial`: the config in force at the start."""
         if not math.isfinite(reload_s) or reload_s < 0:
             raise InvalidInput(f"reload must be a duration >= 0, got {reload_s}")
         self.reload_s = reload_s
@@ -74,6 +78,9 @@ class ReloadTracker:
         self.reloads = 0
 
     def request(self, config: BatchConfig, now: float) -> None:
+        """Ask at `now` for `config`: a reload toward it starts (and is counted in `reloads`),
+        replacing any under way, unless it is already in force or being loaded; asking again for
+        the config in force drops the reload under way."""
         self._advance(now)
         target = self._pending[0] if self._pending else self._in_force
         if config == target:
@@ -85,11 +92,15 @@ class ReloadTracker:
         self.reloads += 1
 
     def in_force(self, now: float) -> BatchConfig:
+        """The config serving at `now` (the old one until its reload ends). Times passed in must not
+        go back."""
         self._advance(now)
         return self._in_force
 
     @property
     def reloading(self) -> bool:
+        """Whether a reload was under way at the last `request` or `in_force` (it is not advanced to
+        any later time)."""
         return self._pending is not None
 
     def _advance(self, now: float) -> None:

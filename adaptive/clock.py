@@ -19,15 +19,19 @@ class ManualClock:
     """Time that moves only when told: the simulator's clock, and tests'."""
 
     def __init__(self, start_s: float = 0.0) -> None:
+        """`start_s`: the first reading, in seconds."""
         self._now = start_s
 
     def now(self) -> float:
+        """The time it was last set or advanced to (`start_s` at first), in seconds."""
         return self._now
 
     def set(self, now: float) -> None:
+        """Move to `now` (seconds); `ValueError` if that is earlier than the time set."""
         if now < self._now:
             raise ValueError(f"a clock cannot go back: {now} < {self._now}")
         self._now = now
 
     def advance(self, seconds: float) -> None:
+        """Move on by `seconds`; `ValueError` if that is negative."""
         self.set(self._now + seconds)

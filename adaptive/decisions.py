@@ -17,6 +17,10 @@ from adaptive.policy import Observation
 
 
 class Mode(enum.StrEnum):
+    """Who chose a tick's config: the policy (`ACTIVE`), or the controller's fallback (`FALLBACK`:
+    no forecast yet, or the load has left the forecast's band for too long), which takes the more
+    cautious of its own decision and the policy's."""
+
     ACTIVE = "active"
     FALLBACK = "fallback"
 
@@ -34,6 +38,7 @@ class ForecastUsed:
     peak_at_s: float
 
     def to_dict(self) -> dict[str, Any]:
+        """The forecast as the decision log keeps it (JSON), rounded."""
         return {
             "model": self.model,
             "fallback": self.fallback,
@@ -47,6 +52,9 @@ class ForecastUsed:
 
 @dataclass(frozen=True, slots=True)
 class ShadowDecision:
+    """What a shadow policy would have run at a tick (its own guards applied) and why; never applied
+    to the pool."""
+
     policy: str
     config: BatchConfig
     reason: str
@@ -81,10 +89,12 @@ class DecisionRecord:
 
     @property
     def changed(self) -> bool:
+        """Whether the tick changed the config (chosen differs from previous)."""
         return self.chosen != self.previous
 
     @property
     def replicas_changed(self) -> bool:
+        """Whether the tick changed the desired replica count."""
         return self.replicas != self.replicas_before
 
     @property
@@ -109,6 +119,9 @@ class DecisionRecord:
         return "retune"
 
     def to_dict(self) -> dict[str, Any]:
+        """The record as the decision log and the API show it (JSON): configs with timeouts in ms,
+        `kind`, the observation under `inputs`, the forecast, alternatives and shadow; a
+        predicted p99 that is not finite is None."""
         return {
             "at_s": round(self.at_s, 6),
             "pool": self.pool,

@@ -36,6 +36,7 @@ class FleetLimits:
             )
 
     def clamp(self, replicas: int) -> int:
+        """`replicas` within [min_replicas, max_replicas]."""
         return min(self.max_replicas, max(self.min_replicas, replicas))
 
 

@@ -94,6 +94,7 @@ class Guard:
     """Applies `Guardrails` over time; its state is the pending cost-saving moves."""
 
     def __init__(self, rails: Guardrails) -> None:
+        """`rails`: the limits it applies, with no move held back yet."""
         self.rails = rails
         self._cap = _Settling(rails.dwell_s)
         self._warm = _Settling(rails.dwell_s)

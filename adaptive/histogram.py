@@ -64,15 +64,19 @@ class LatencyHistogram:
 
     @classmethod
     def from_samples(cls, samples_s: np.ndarray) -> LatencyHistogram:
+        """A histogram of `samples_s` (seconds, any array-like)."""
         hist = cls()
         hist.record_many(np.asarray(samples_s, dtype=np.float64))
         return hist
 
     @property
     def count(self) -> int:
+        """Samples recorded."""
         return int(self.counts.sum())
 
     def record_many(self, samples_s: np.ndarray) -> None:
+        """Record an array of latencies in seconds (values below `MIN_VALUE_S` land in bucket 0, at
+        or above `MAX_VALUE_S` in the last); an empty array changes nothing."""
         if samples_s.size == 0:
             return
         index = np.searchsorted(BUCKET_LOWER_S, samples_s, side="right") - 1
@@ -87,6 +91,8 @@ class LatencyHistogram:
         self.max_s = max(self.max_s, max_s)
 
     def merge(self, other: LatencyHistogram) -> None:
+        """Fold `other` in (same layout, so exact): counts and sums add, the max is the larger.
+        `other` is unchanged."""
         self.add_counts(other.counts, other.sum_s, other.max_s)
 
     def quantile_s(self, q: float) -> float | None:
@@ -94,6 +100,8 @@ class LatencyHistogram:
         return quantile_from_counts(self.counts, q, self.max_s)
 
     def summary(self) -> LatencySummary:
+        """Count, mean, p50, p90, p99, p99.9 and max, in seconds; all but the count None when
+        nothing was recorded."""
         n = self.count
         quantile = self.quantile_s
         return LatencySummary(

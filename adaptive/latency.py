@@ -51,6 +51,8 @@ class MemoryLimit:
 
     @property
     def max_batch_size(self) -> int:
+        """The largest batch that fits: (device - parameter bytes) // activation bytes per sample,
+        at least 1."""
         spare = self.device_bytes - self.parameter_bytes
         return max(1, spare // self.activation_bytes_per_sample)
 
@@ -59,13 +61,24 @@ class LatencyModel(Protocol):
     """Service time of a batch by its size; arrays in, arrays out, seconds."""
 
     @property
-    def memory(self) -> MemoryLimit | None: ...
+    def memory(self) -> MemoryLimit | None:
+        """The device memory that bounds batch sizes; None when unbounded."""
+        ...
 
-    def mean_s(self, batch_sizes: np.ndarray) -> np.ndarray: ...
+    def mean_s(self, batch_sizes: np.ndarray) -> np.ndarray:
+        """Mean service time, in seconds, of a batch of each size in `batch_sizes` (an array
+        of sizes >= 1): an array of the same shape, positive."""
+        ...
 
-    def jitter_sigma(self, batch_sizes: np.ndarray) -> np.ndarray: ...
+    def jitter_sigma(self, batch_sizes: np.ndarray) -> np.ndarray:
+        """The sigma of each size's lognormal jitter (0: none), an array of the same shape: a
+        batch's time is its mean times a mean-one lognormal draw of that sigma."""
+        ...
 
-    def describe(self) -> str: ...
+    def describe(self) -> str:
+        """The model in a line for reports and records: its spec for a linear model, its source for
+        a table."""
+        ...
 
 
 def max_feasible_batch(model: LatencyModel) -> int | None:
@@ -91,12 +104,16 @@ class LinearLatency:
             raise InvalidInput("latency model must give a batch of 1 a positive service time")
 
     def mean_s(self, batch_sizes: np.ndarray) -> np.ndarray:
+        """`base_s + per_item_s * b` for each size `b`, in seconds."""
         return self.base_s + self.per_item_s * np.asarray(batch_sizes, dtype=np.float64)
 
     def jitter_sigma(self, batch_sizes: np.ndarray) -> np.ndarray:
+        """`sigma` for every size."""
         return np.full(np.shape(batch_sizes), self.sigma, dtype=np.float64)
 
     def describe(self) -> str:
+        """The spec "linear:BASE_MS,PER_ITEM_MS", with ",jitter=S" when there is jitter (the memory
+        limit is not in it)."""
         text = f"linear:{self.base_s * 1e3:g},{self.per_item_s * 1e3:g}"
         return text + (f",jitter={self.sigma:g}" if self.sigma else "")
 
@@ -134,9 +151,13 @@ class TableLatency:
                     )
 
     def mean_s(self, batch_sizes: np.ndarray) -> np.ndarray:
+        """The measured means, in seconds, interpolated linearly between sizes; the smallest size's
+        mean below it, the last slope (never negative) extrapolated beyond the largest."""
         return _interpolate(self.batch_sizes, self.mean_times_s, batch_sizes)
 
     def jitter_sigma(self, batch_sizes: np.ndarray) -> np.ndarray:
+        """Zero without p99s; else the sigma whose mean-one lognormal has each point's p99/mean
+        ratio as its 99th percentile, interpolated between sizes and held beyond the ends."""
         if self.p99_times_s is None:
             return np.zeros(np.shape(batch_sizes), dtype=np.float64)
         ratios = np.array(self.p99_times_s) / np.array(self.mean_times_s)
@@ -144,6 +165,7 @@ class TableLatency:
         return np.interp(np.asarray(batch_sizes, dtype=np.float64), self.batch_sizes, sigmas)
 
     def describe(self) -> str:
+        """`source`: the file, and which points the monotone fit moved."""
         return self.source
 
 

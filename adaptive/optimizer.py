@@ -91,6 +91,8 @@ class Alternative:
     mean_latency_s: float
 
     def to_dict(self) -> dict[str, object]:
+        """The candidate as the decision log keeps it (JSON): cap, timeout (ms), predicted p99 and
+        busy time per request (ms; None where unknown). The mean latency is not in it."""
         return {
             "max_batch": self.config.max_batch_size,
             "timeout_ms": round(self.config.timeout_s * 1e3, 3),
@@ -129,6 +131,7 @@ class Choice:
 
     @property
     def config(self) -> BatchConfig:
+        """The chosen config."""
         return self.chosen.config
 
 

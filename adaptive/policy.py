@@ -40,9 +40,15 @@ class Observation:
 
     @property
     def arrival_rate_rps(self) -> float:
+        """The pool's arrival rate, requests per second: `rate_rps` where the shell
+        normalised it by the worker-seconds reported (`observe_pool`), else the window's
+        arrivals over its length."""
         return self.arrivals / self.window_s if self.rate_rps is None else self.rate_rps
 
     def to_dict(self) -> dict[str, object]:
+        """The observation as the decision log keeps it (JSON): rate (rps), queue depth,
+        p50 and p99 (ms; None when nothing completed), mean batch size, fill ratio,
+        utilisation and requests shed."""
         return {
             "rate_rps": round(self.arrival_rate_rps, 3),
             "queue_depth": self.queue_depth,
@@ -156,7 +162,9 @@ class PlanningPolicy(Policy, Protocol):
     hand it one rebuilt for a newer latency model between steps."""
 
     @property
-    def optimizer(self) -> ConfigOptimizer: ...
+    def optimizer(self) -> ConfigOptimizer:
+        """The optimiser the policy plans with now."""
+        ...
 
     def replan(self, optimizer: ConfigOptimizer) -> None:
         """Plan with `optimizer` from the next step on; it has the SLO, margin and pool
@@ -172,10 +180,13 @@ class StaticPolicy:
 
     @property
     def spec(self) -> str:
+        """The spec "static:max_batch=N,timeout=T", with `warm=N` when set."""
         return f"static:{self.config.describe()}"
 
     def initial_config(self) -> BatchConfig:
+        """`config`, the one config it ever runs."""
         return self.config
 
     def decide(self, snapshot: Snapshot) -> Decision:
+        """`config`, whatever the snapshot says."""
         return Decision(self.config, "static config")

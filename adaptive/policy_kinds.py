@@ -100,6 +100,7 @@ class PolicyKind:
 
     @property
     def keys(self) -> set[str]:
+        """The option keys a spec of this kind may give."""
         return {option.key for option in self.options}
 
     def check(self, spec: Spec) -> None:
@@ -110,6 +111,8 @@ class PolicyKind:
                 option.check(spec)
 
     def duration_keys(self) -> set[str]:
+        """The keys whose values are durations, so that the shells can warn about one written as a
+        bare number (`timeout=10` is 10 seconds)."""
         return {option.key for option in self.options if option.value == DURATION}
 
 

@@ -54,16 +54,25 @@ class PredictivePolicy:
 
     @property
     def spec(self) -> str:
+        """The spec as written (`spec_text`), which rebuilds it."""
         return self.spec_text
 
     def initial_config(self) -> BatchConfig:
+        """Batch 32 within 10 ms, before the first decision (until the first forecast, the
+        controller's fallback decides)."""
         return BatchConfig(32, 0.01)
 
     def replan(self, optimizer: ConfigOptimizer) -> None:
+        """Plan with `optimizer` from the next decision on; the rates seen (smoothing, the window of
+        recent load) are kept, the caps planned per forecast step by the old table dropped."""
         self.optimizer = optimizer
         self._needs = None  # the caps each forecast step needs, by the old table
 
     def horizon_s(self, warmup_s: float, tick_s: float, reload_s: float = 0.0) -> float:
+        """How far ahead, in seconds, the forecast must reach: `lead_s` when given; else the time to
+        warm every bucket up to the table's largest cap at `warmup_s` each, plus a forecast step,
+        one more bucket's warm-up, two ticks and three reloads (a change to a reloading engine
+        serves `reload_s` after it is asked for, and changes are spaced by two)."""
         if self.lead_s is not None:
             return self.lead_s
         return warm_time_s(1, self.optimizer.largest_cap, warmup_s) + self._slack_s(
@@ -76,6 +85,12 @@ class PredictivePolicy:
         return self.forecast_step_s + warmup_s + 2 * tick_s + 3 * reload_s
 
     def decide(self, snapshot: Snapshot) -> Decision:
+        """The cheapest config predicted to meet the SLO over the load expected in the next
+        `window_s` (the config in force is kept while it meets the SLO there at most
+        `stickiness` dearer), its warm target raised now for a forecast step whose buckets
+        take about as long to warm as the time left before it. Protective when the config
+        in force is predicted to miss (or cannot be predicted). `ValueError` without a
+        forecast in the snapshot."""
         forecast = snapshot.forecast
         if forecast is None:
             raise ValueError("predictive policy needs a forecast in the snapshot")

@@ -26,6 +26,8 @@ class OnlineLinearFit:
     _sums: list[float] = field(default_factory=lambda: [0.0] * 5)  # w, x, y, xx, xy
 
     def add(self, batch_size: float, service_s: float, weight: float) -> None:
+        """Add one observation: a mean batch of `batch_size` took `service_s` seconds, weighted by
+        `weight` (the batches it stands for); what was added before is forgotten by `forget`."""
         s = self._sums
         for i, term in enumerate(
             (1.0, batch_size, service_s, batch_size**2, batch_size * service_s)
@@ -34,6 +36,7 @@ class OnlineLinearFit:
 
     @property
     def ready(self) -> bool:
+        """Whether anything with weight has been added: `coefficients` needs it."""
         return self._sums[0] > 0
 
     def coefficients(self) -> tuple[float, float]:
@@ -64,12 +67,21 @@ class ReactivePolicy:
 
     @property
     def spec(self) -> str:
+        """The spec "reactive:utilization=U" (`max_batch` and `smoothing` are not in it, so it
+        rebuilds this policy only where they are the defaults)."""
         return f"reactive:utilization={self.utilization:g}"
 
     def initial_config(self) -> BatchConfig:
+        """Batch 8 within 5 ms."""
         return BatchConfig(8, 0.005)
 
     def decide(self, snapshot: Snapshot) -> Decision:
+        """Refit the service time on the tick's batches, then the smallest power-of-two cap (at most
+        `max_batch`, doubling only while the doubled batch runs within half the SLO) whose
+        throughput keeps utilisation under `utilization` at the load planned (the measured rate
+        or its smoothed value, whichever is more, plus the backlog to clear in a tick), and the
+        longest timeout that fits the other half of the SLO and the time the smoothed rate takes
+        to fill the cap. Holds the config in force until a batch has been seen."""
         seen = snapshot.observation
         if seen.batches:
             self.fit.add(seen.mean_batch_size or 0.0, seen.busy_s / seen.batches, seen.batches)

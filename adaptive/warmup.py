@@ -115,6 +115,8 @@ class WarmupTracker:
         return min(cap, self._warm_top)
 
     def status(self, now: float) -> WarmupStatus:
+        """The buckets warm at `now` (every power of two up to the largest) and those still pending,
+        in the order they warm."""
         self._advance(now)
         warmed = buckets_through(self._warm_top) if self._warm_top else ()
         return WarmupStatus(warmed, tuple(b for b, _ in self._pending))

@@ -24,7 +24,10 @@ class ConfigNotices(Protocol):
         """Yields once per config change (the message is only a nudge: re-read the config)."""
         ...
 
-    async def aclose(self) -> None: ...
+    async def aclose(self) -> None:
+        """Unsubscribe: `listen` yields nothing more. With the bus gone it may raise, as any
+        call may."""
+        ...
 
 
 class WorkerBus(Protocol):
@@ -60,7 +63,9 @@ class ControllerBus(Protocol):
         """Store and announce `config`; False, and nothing stored, unless it is newer."""
         ...
 
-    async def current_config(self, pool: str) -> VersionedConfig | None: ...
+    async def current_config(self, pool: str) -> VersionedConfig | None:
+        """The pool's stored config, or None before any was published."""
+        ...
 
     async def read_worker_stats(
         self, pool: str, after: str = "0-0"
@@ -98,7 +103,10 @@ class PoolHistory(Protocol):
         """Drop traffic history past the retention; returns how many seconds were dropped."""
         ...
 
-    async def record_decision(self, pool: str, record: dict[str, Any]) -> str: ...
+    async def record_decision(self, pool: str, record: dict[str, Any]) -> str:
+        """Append one decision record (JSON-able, as `DecisionRecord.to_dict` gives it) to the
+        pool's capped log; returns its entry id."""
+        ...
 
     async def decisions(self, pool: str, count: int = 100) -> list[dict[str, Any]]:
         """The newest `count` decision records, oldest first."""
@@ -112,7 +120,9 @@ class SettingsStore(Protocol):
         """Persist a JSON-able setting; None deletes it."""
         ...
 
-    async def load_settings(self, pool: str) -> dict[str, Any]: ...
+    async def load_settings(self, pool: str) -> dict[str, Any]:
+        """Every stored setting by name (a copy), as saved; {} when none is."""
+        ...
 
 
 class LeaderLease(Protocol):
@@ -122,8 +132,14 @@ class LeaderLease(Protocol):
         """True while `holder` leads: takes a free or expired lease, or renews its own."""
         ...
 
-    async def leader(self, pool: str) -> str | None: ...
+    async def leader(self, pool: str) -> str | None:
+        """Who holds the pool's lease now; None when it is free or expired."""
+        ...
 
 
 class PoolBus(WorkerBus, ControllerBus, PoolHistory, SettingsStore, LeaderLease, Protocol):
-    """Every role's needs: what a bus implementation offers."""
+    """Every role's needs: what a bus implementation offers.
+
+    A call that cannot reach the bus raises `redis.exceptions.RedisError` or `OSError`;
+    the shells take either as the bus being away (a member serves on with its last
+    config, the control loop retries, the API answers 503), anything else as a bug."""

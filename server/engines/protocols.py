@@ -32,7 +32,9 @@ class Engine(Protocol):
     change_cost: ChangeCost
 
     @property
-    def version(self) -> int: ...
+    def version(self) -> int:
+        """The config version in force (0 before any was applied)."""
+        ...
 
     async def apply(self, published: VersionedConfig) -> None:
         """Put `published` in force, returning once it serves (a Triton reload takes

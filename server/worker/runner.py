@@ -64,11 +64,19 @@ class Execution(Protocol):
     instance, the batcher keeps count), and a `warm` beside them. Cancelling an awaited
     call abandons its result. `close` is called once, after the last call."""
 
-    async def run(self, inputs: Sequence[Any], padded_size: int) -> list[Any]: ...
+    async def run(self, inputs: Sequence[Any], padded_size: int) -> list[Any]:
+        """`ModelRunner.run(inputs, padded_size)` awaited: one output per input, in order;
+        `OutOfMemory` when the batch does not fit, any other exception when the model fails."""
+        ...
 
-    async def warm(self, size: int) -> float: ...
+    async def warm(self, size: int) -> float:
+        """`ModelRunner.warm(size)` awaited: the seconds the warm-up took."""
+        ...
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Release what it holds (`ThreadedExecution`: its threads); called once, after the
+        last call."""
+        ...
 
 
 class ThreadedExecution:
