@@ -93,6 +93,7 @@ class ControllerSettings:
 
     @property
     def change_cost(self) -> ChangeCost:
+        """What a config change costs the pool's engine (warm-up per bucket, reload)."""
         return ChangeCost(self.warmup_s, self.reload_s)
 
 
@@ -131,6 +132,7 @@ class RefitJob:
     feed: ForecastFeed = field(compare=False, repr=False)  # the feed that asked
 
     def run(self) -> FitOutcome:
+        """The fit, anywhere (a thread): its outcome, never an exception."""
         return self.fit.run()
 
 

@@ -47,6 +47,7 @@ class FitFailed:
     error: Exception
 
     def describe(self) -> str:
+        """The error in one line, e.g. "LinAlgError: Singular matrix"."""
         return f"{type(self.error).__name__}: {self.error}"
 
 
@@ -67,6 +68,8 @@ class FitJob:
     closed_steps: int  # the feed's closed steps when the series was cut
 
     def run(self) -> FitOutcome:
+        """Fit `model` on `series`; the fitted model, the `InvalidInput` that says why it
+        cannot fit yet, or the `FitFailed` of any other error. Never raises."""
         try:
             return self.model.fit(self.series)
         except InvalidInput as error:
@@ -83,6 +86,14 @@ class ForecastFeed:
     and installs the new one when the shell gives it back (`install`), caught up on the
     steps that closed meanwhile. The live control loop runs them on a thread; the
     simulator fits inline, where a tick may take as long as it needs.
+
+    forecaster: the model to fit; step_s: the forecast step (arrivals are summed per
+    step); horizon_s: how far ahead to predict; origin_s: the Unix time of clock zero;
+    events: declared events the model forecasts with (None: the model is not event
+    aware, as the oracle); level: the band's coverage; history_s: how much history a
+    refit sees; refit_s: how often to refit; min_history_s: the history below which the
+    last value stands in; defer_fits: hand refits out as jobs instead of fitting inline;
+    band: how the band is made ("conformal": calibrated on the model's own errors).
     """
 
     def __init__(
@@ -193,6 +204,7 @@ class ForecastFeed:
 
     @property
     def history(self) -> RateSeries:
+        """The closed steps' counts as a series (Unix times), oldest first."""
         start = self._step_end - self.step_s * (len(self._history) + 1)
         return RateSeries(self.origin_s + start, self.step_s, np.array(self._history))
 

@@ -57,6 +57,7 @@ class ExecutionTimes:
 
     @classmethod
     def from_samples(cls, padded_size: int, samples_s: Iterable[float]) -> ExecutionTimes:
+        """The report of batches of `padded_size` that took `samples_s` seconds each."""
         histogram = LatencyHistogram.from_samples(np.asarray(list(samples_s), dtype=np.float64))
         nonzero = np.flatnonzero(histogram.counts)
         buckets = tuple((int(b), int(histogram.counts[b])) for b in nonzero)
@@ -104,6 +105,7 @@ class SizeEstimate:
     source: str  # "prior", "measured", "blended" or "prior x1.31" (scaled by the slowdown)
 
     def to_dict(self) -> dict[str, Any]:
+        """As the API shows it, in milliseconds."""
         return {
             "batch_size": self.batch_size,
             "mean_ms": round(self.mean_s * 1e3, 4),
@@ -122,6 +124,7 @@ class Drift:
     measure: str  # "mean" or "p99"
 
     def describe(self) -> str:
+        """One line for logs and decision records: where and how far it moved."""
         if self.batch_size is None:
             return "no size has enough batches to compare"
         return f"batch {self.batch_size} {self.measure} {self.relative:+.0%} from the planner's"
@@ -164,7 +167,11 @@ class _SizeState:
 
 
 class LatencyLearner:
-    """Per padded size, a decayed distribution of measured execution times over a prior."""
+    """Per padded size, a decayed distribution of measured execution times over a prior.
+
+    prior: the model the pool was planned with (what a size with no data takes);
+    settings: half-life, prior weight and when to replan (defaults: `LearningSettings`).
+    """
 
     def __init__(self, prior: LatencyModel, settings: LearningSettings | None = None) -> None:
         self.prior = prior
@@ -184,6 +191,7 @@ class LatencyLearner:
 
     @property
     def measured_batches(self) -> float:
+        """The decayed count of batches measured, over every size."""
         return sum(state.batches for state in self._sizes.values())
 
     def observe(self, now: float, times: Iterable[ExecutionTimes]) -> None:
