@@ -101,10 +101,10 @@ class _PoolCollector:
         )
         jobs = CounterMetricFamily(
             "tidal_controller_background_jobs",
-            "The controller's background jobs (forecast refits, table rebuilds) by kind and "
-            "outcome: done, failed (kept what it had, retried after a backoff), dropped (it "
-            "finished after its controller was replaced).",
-            labels=["pool", "job", "outcome"],
+            "The controller's background jobs (kind: refit, replan) by outcome: "
+            "done, failed (kept what it had, retried after a backoff), dropped (it "
+            "finished after its controller was replaced; kind any).",
+            labels=["pool", "kind", "outcome"],
         )
         malformed = CounterMetricFamily(
             "tidal_controller_malformed_stats",
