@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from test_controller import LATENCY, run
 from test_controller_api import AUTH, record_traffic, report_forever, running
 from test_controller_api import STATIC as STATIC_API
+from test_refit_off_loop import PlanningStatic
 from virtual_time import run_virtual
 
 from adaptive.bus import WorkerStats
@@ -188,29 +189,10 @@ def test_the_simulator_replays_a_policy_whose_forecaster_keeps_failing():
 # -- 4. a job goes back only to the controller that asked ----------------------------
 
 
-@dataclass
-class PlanningStatic:
-    """A static config that asks for a forecast, so its controller keeps a feed."""
-
-    forecaster: object = field(default_factory=lambda: SeasonalNaive(10.0))
-    forecast_step_s: float = 1.0
-    uses_events: bool = True
-    history_s: float = 3600.0
-    spec: str = "planning-static"
-
-    def horizon_s(self, warmup_s: float, tick_s: float, reload_s: float = 0.0) -> float:
-        return 10.0
-
-    def initial_config(self) -> BatchConfig:
-        return BatchConfig(8, 0.001)
-
-    def decide(self, snapshot) -> Decision:
-        return Decision(BatchConfig(8, 0.001), "static")
-
-
 def test_a_refit_in_flight_when_the_policy_is_switched_is_dropped_not_installed():
     def controller() -> Controller:
-        made = Controller(PlanningStatic(), ControllerSettings(pool="p", defer_fits=True))
+        policy = PlanningStatic(SeasonalNaive(10.0))
+        made = Controller(policy, ControllerSettings(pool="p", defer_fits=True))
         made.feed.prime(np.full(3600, 50.0), 0.0)  # enough history: a refit is due
         return made
 
