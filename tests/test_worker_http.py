@@ -8,6 +8,7 @@ The batcher's queue, deadline and drain logic is tested exactly in virtual time
 import asyncio
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -400,7 +401,12 @@ def test_profile_writes_json_that_simulate_loads(tmp_path, capsys):
     trace.write_text("timestamp,count\n" + "".join(f"{s},100\n" for s in range(20)))
     assert simulate(["--trace", str(trace), "--latency-model", str(profile), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
-    assert summary["latency_model"] == str(profile)
+    # The file, and (when this machine's measurements came out non-monotone) the points
+    # the monotone fit moved on loading: either is the profile, read as the planner reads it.
+    assert re.fullmatch(
+        re.escape(str(profile)) + r"( \(monotone fit moved batch [\d, ]+\))?",
+        summary["latency_model"],
+    )
 
 
 def test_profile_under_load_reads_the_batches_a_serving_worker_ran(worker, tmp_path, capsys):
