@@ -794,3 +794,12 @@ def test_the_ranker_scores_feature_vectors_alone_as_in_a_batch_and_refuses_other
         ranker.validate([float("nan")] * RANKER_FEATURES)
     with pytest.raises(InvalidInput, match=f"{4 * RANKER_FEATURES} bytes"):
         ranker.from_bytes(b"\0" * 8)
+
+
+def test_a_bucket_compiles_as_a_cuda_graph_on_cuda_and_with_inductor_elsewhere():
+    from server.worker.runner import compile_mode
+
+    # On a GPU a warmed bucket is a captured CUDA Graph; there is none on this machine,
+    # so the choice is tested, and docs/worker.md reports no GPU figure.
+    assert compile_mode("cuda") == "reduce-overhead"
+    assert compile_mode("cpu") is None and compile_mode("mps") is None
