@@ -82,9 +82,14 @@ def _compile(
             latency, settings, BatchConfig(cap, timeout_s), rates, capacity[cap], seeds[index]
         )
 
-    # The kernel releases the GIL: configs sweep on `threads` cores.
-    with ThreadPoolExecutor(max_workers=threads) as executor:
-        rows = np.stack(list(executor.map(sweep, range(len(configs)))))
+    # The kernel releases the GIL: configs sweep on `threads` cores. On one, in the
+    # calling thread: a live rebuild runs on a daemon thread that a stopping controller
+    # does not wait for, and an executor's threads are joined at exit whatever calls them.
+    if threads == 1:
+        rows = np.stack([sweep(i) for i in range(len(configs))])
+    else:
+        with ThreadPoolExecutor(max_workers=threads) as executor:
+            rows = np.stack(list(executor.map(sweep, range(len(configs)))))
     p99, mean, busy = rows[:, 0], rows[:, 1], rows[:, 2]
     return PerformanceTable(
         rates_rps=rates,

@@ -110,3 +110,30 @@ def test_the_loop_keeps_ticking_while_a_refit_runs_on_a_thread():
     assert started == 1 and refits == 0 and ticks >= 3  # ticking, not waiting on the fit
     assert forecast.fallback is None  # the fitted model, no longer the stand-in
     assert state.ready and not state.errors
+
+
+def test_a_job_runs_on_a_daemon_thread_so_a_stopping_controller_never_waits_for_it():
+    from server.control.loop import _on_a_thread
+
+    class Job:
+        kind = "replan"
+
+        def __init__(self, fails: bool) -> None:
+            self.fails = fails
+
+        def run(self):
+            if self.fails:
+                raise np.linalg.LinAlgError("Singular matrix")
+            return threading.current_thread().daemon
+
+    async def scenario():
+        ran_on_a_daemon = await _on_a_thread(Job(fails=False))
+        try:
+            await _on_a_thread(Job(fails=True))
+        except np.linalg.LinAlgError as error:
+            return ran_on_a_daemon, error
+        return ran_on_a_daemon, None
+
+    daemon, error = asyncio.run(scenario())
+    assert daemon is True  # the interpreter exits without joining it
+    assert isinstance(error, np.linalg.LinAlgError)  # and its failure reaches `finish`

@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -453,4 +455,23 @@ async def _stage(stage: str, awaitable: Awaitable):
 
 
 async def _on_a_thread(job: ControllerJob) -> object:
-    return await asyncio.to_thread(job.run)
+    """`job.run()` on a daemon thread of its own. Not the loop's default executor: a
+    process exits only once that executor's threads have finished, so a SIGTERM in the
+    middle of a table rebuild (seconds of CPU) would wait for work nobody will install."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future = loop.create_future()
+
+    def settle(outcome: object, failed: bool) -> None:
+        if not done.done():  # not cancelled meanwhile (the loop stopping)
+            (done.set_exception if failed else done.set_result)(outcome)
+
+    def work() -> None:
+        try:
+            outcome, failed = job.run(), False
+        except Exception as error:  # the controller's `finish` takes it
+            outcome, failed = error, True
+        with contextlib.suppress(RuntimeError):  # the loop closed: nobody is waiting
+            loop.call_soon_threadsafe(settle, outcome, failed)
+
+    threading.Thread(target=work, name=f"tidal-{job.kind}", daemon=True).start()
+    return await done
