@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
+import concurrent.futures
 import logging
 import threading
 import time
@@ -454,24 +454,30 @@ async def _stage(stage: str, awaitable: Awaitable):
         raise TickFailed(stage, error) from error
 
 
+class _DaemonThreads(concurrent.futures.Executor):
+    """Each call on a daemon thread of its own. Not the loop's default executor: a process
+    exits only once an executor's threads have finished, so a SIGTERM in the middle of a
+    table rebuild (seconds of CPU) would wait for work nobody will install. Used through
+    `run_in_executor`, so virtual-time tests (looptime) see the work in flight."""
+
+    def submit(self, fn, /, *args, **kwargs) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+
+        def work() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                future.set_result(fn(*args, **kwargs))
+            except BaseException as error:  # the awaiting side gets it, as from any executor
+                future.set_exception(error)
+
+        threading.Thread(target=work, name="tidal-controller-job", daemon=True).start()
+        return future
+
+
+_JOB_THREADS = _DaemonThreads()
+
+
 async def _on_a_thread(job: ControllerJob) -> object:
-    """`job.run()` on a daemon thread of its own. Not the loop's default executor: a
-    process exits only once that executor's threads have finished, so a SIGTERM in the
-    middle of a table rebuild (seconds of CPU) would wait for work nobody will install."""
-    loop = asyncio.get_running_loop()
-    done: asyncio.Future = loop.create_future()
-
-    def settle(outcome: object, failed: bool) -> None:
-        if not done.done():  # not cancelled meanwhile (the loop stopping)
-            (done.set_exception if failed else done.set_result)(outcome)
-
-    def work() -> None:
-        try:
-            outcome, failed = job.run(), False
-        except Exception as error:  # the controller's `finish` takes it
-            outcome, failed = error, True
-        with contextlib.suppress(RuntimeError):  # the loop closed: nobody is waiting
-            loop.call_soon_threadsafe(settle, outcome, failed)
-
-    threading.Thread(target=work, name=f"tidal-{job.kind}", daemon=True).start()
-    return await done
+    """`job.run()` on a daemon thread (`_DaemonThreads`)."""
+    return await asyncio.get_running_loop().run_in_executor(_JOB_THREADS, job.run)
