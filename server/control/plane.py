@@ -334,14 +334,20 @@ class PoolControl:
         """Feed the forecasts (the policy's and the shadow's) the pool's recorded arrivals:
         a restart, a switch or a new shadow keeps the day's history."""
         shadow = controller.shadow
-        for feed in filter(None, (controller.feed, shadow.feed if shadow else None)):
-            await self._prime_feed(feed)
+        await self._prime_feeds(
+            [f for f in (controller.feed, shadow.feed if shadow else None) if f is not None]
+        )
 
-    async def _prime_feed(self, feed: ForecastFeed) -> None:
-        _, counts = await self._recorded(feed.history_s)
-        if counts.size:
+    async def _prime_feeds(self, feeds: list[ForecastFeed]) -> None:
+        """One read of the bus for every feed: each keeps only its own history's span."""
+        if not feeds:
+            return
+        _, counts = await self._recorded(max(f.history_s for f in feeds))
+        if not counts.size:
+            return
+        for feed in feeds:
             feed.prime(counts, self.clock.now())
-            log.info("%s: forecast primed with %d s of recorded traffic", self.pool, counts.size)
+        log.info("%s: forecast primed with %d s of recorded traffic", self.pool, counts.size)
 
     async def _recorded(self, span_s: float) -> tuple[int, np.ndarray]:
         """Arrivals per second over the last `span_s`, from the first recorded second
@@ -408,7 +414,7 @@ class PoolControl:
         controller.set_shadow(policy)
         if controller.shadow is not None and controller.shadow.feed is not None:
             with contextlib.suppress(RedisError, OSError):
-                await self._prime_feed(controller.shadow.feed)
+                await self._prime_feeds([controller.shadow.feed])
 
     async def pin(
         self, config: BatchConfig, for_s: float, reason: str, replicas: int | None = None
