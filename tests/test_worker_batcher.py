@@ -803,3 +803,25 @@ def test_a_bucket_compiles_as_a_cuda_graph_on_cuda_and_with_inductor_elsewhere()
     # so the choice is tested, and docs/worker.md reports no GPU figure.
     assert compile_mode("cuda") == "reduce-overhead"
     assert compile_mode("cpu") is None and compile_mode("mps") is None
+
+
+@pytest.mark.parametrize("command", ["worker", "profile"])
+def test_a_bucket_compiles_as_the_model_says_unless_the_flag_says_otherwise(command):
+    """demo-ranker's warm-up compiles each bucket by default, the other demos' does not;
+    --compile and --no-compile overrule either. Parsing and deciding only: nothing runs."""
+    from server.cli import build_parser
+    from server.worker.models import load_model
+    from server.worker.runner import compile_choice
+
+    parser = build_parser(command)
+    given = {
+        flags: parser.parse_args([command, "--model", "m", *flags]).compile
+        for flags in ((), ("--compile",), ("--no-compile",))
+    }
+    assert given == {(): None, ("--compile",): True, ("--no-compile",): False}
+    for name, default in (("demo-ranker", True), ("demo-cnn", False), ("demo-text", False)):
+        model = load_model(name)
+        assert model.compile_buckets is default
+        assert compile_choice(given[()], model) is default
+        assert compile_choice(given[("--compile",)], model) is True
+        assert compile_choice(given[("--no-compile",)], model) is False

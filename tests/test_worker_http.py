@@ -394,9 +394,14 @@ def test_profile_writes_json_that_simulate_loads(tmp_path, capsys):
     document = json.loads(profile.read_text())
     assert [p["batch_size"] for p in document["points"]] == [1, 2, 4]
     assert all(p["p99_ms"] >= p["mean_ms"] > 0 for p in document["points"])
+    assert document["compiled"] is False  # demo-cnn's choice: no compile
+    assert all(p["warmup_s"] > 0 for p in document["points"])
     memory = document["memory"]
     assert memory["device_bytes"] == 64 * 2**20 and memory["parameter_bytes"] > 1e6
-    assert "largest feasible batch" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "largest feasible batch" in printed
+    assert re.search(r"^ batch .* items/s +gain +warm-up s$", printed, re.MULTILINE)
+    assert re.search(r"^gain \d+\.\dx items/s from batch 1 to 4$", printed, re.MULTILINE)
     trace = tmp_path / "t.csv"
     trace.write_text("timestamp,count\n" + "".join(f"{s},100\n" for s in range(20)))
     assert simulate(["--trace", str(trace), "--latency-model", str(profile), "--json"]) == 0
@@ -407,6 +412,20 @@ def test_profile_writes_json_that_simulate_loads(tmp_path, capsys):
         re.escape(str(profile)) + r"( \(monotone fit moved batch [\d, ]+\))?",
         summary["latency_model"],
     )
+
+
+def test_the_profile_table_says_items_per_second_the_gain_and_each_warm_up():
+    from server.tools.profile import _table
+
+    points = [(1, 0.004, 0.005), (8, 0.008, 0.010), (128, 0.064, 0.070)]
+    lines = _table(points, None, [12.5, 2.0, 2.25]).splitlines()
+    assert lines[0] == " batch   mean ms    p99 ms    items/s    gain  warm-up s"
+    assert lines[1].split() == ["1", "4.000", "5.000", "250", "1.0x", "12.50"]
+    assert lines[2].split() == ["8", "8.000", "10.000", "1000", "4.0x", "2.00"]
+    assert lines[3].split() == ["128", "64.000", "70.000", "2000", "8.0x", "2.25"]
+    assert lines[4] == "gain 8.0x items/s from batch 1 to 128"
+    under_load = _table(points, None).splitlines()  # no warm-ups: no such column
+    assert under_load[0].split()[-1] == "gain" and under_load[4] == lines[4]
 
 
 def test_profile_under_load_reads_the_batches_a_serving_worker_ran(worker, tmp_path, capsys):

@@ -249,10 +249,13 @@ def _profile(model: str, work: Path, threads: int, quiet: bool) -> str:
 
 
 def _start_profile(model: str, out: Path, threads: int) -> subprocess.Popen:
+    # --no-compile: the controller's local workers run the model eager, whatever its
+    # default, so the profile measures that (and skips a compile per size).
     return subprocess.Popen(
         [
             sys.executable, "-m", "server.cli", "profile", "--model", model,
             "--batch-sizes", "1,2,4,8,16,32,64,128", "--runs", "10", "--out", str(out),
+            "--no-compile",
         ],
         stdout=subprocess.DEVNULL,
         env=_threads_env(threads),

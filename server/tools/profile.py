@@ -2,7 +2,10 @@
 
     tidal profile --model demo-cnn --batch-sizes 1,2,4,8,16,32,64 --out profile.json
 
-Per batch size, after warm-up: mean and p99 execution time and throughput. Memory:
+Per batch size: its warm-up (the first two runs, untimed in the figures; with
+`--compile`, the model's default for demo-ranker, that is the bucket's compile, as a
+worker pays it), then mean and p99 execution time, items/s and the gain over the
+smallest size (batch 1 by default). Memory:
 parameter bytes, and activation bytes per sample (on CUDA the peak allocated above the
 parameters; on CPU the sum of every module's output tensors, an upper bound on what a
 forward pass holds). The largest feasible batch is `(device memory - parameters) /
@@ -23,7 +26,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from server.worker.cli import MEMORY_BUDGET
+from server.worker.cli import MEMORY_BUDGET, add_compile_flag
 from tidal_base.errors import InvalidInput
 from tidal_base.units import parse_size_bytes
 
@@ -59,6 +62,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     profile.add_argument(
         "--runs", type=int, default=20, help="timed runs per batch size (default 20)"
     )
+    add_compile_flag(profile)
     load = profile.add_argument_group(
         "under serving load (the profile the hardware gives while it serves)"
     )
@@ -103,29 +107,30 @@ def _inputs(model: ServedModel, size: int, seq_len: int | None) -> list:
     return [model.validate(e) for e in examples]
 
 
-def measure(runner: TorchRunner, inputs: list, runs: int) -> np.ndarray:
-    """Seconds per run, after two untimed runs."""
+def measure(runner: TorchRunner, inputs: list, runs: int) -> tuple[float, np.ndarray]:
+    """The seconds two untimed runs took (the size's warm-up: its compile, when the runner
+    compiles), and the seconds of each timed run after them."""
     import numpy as np
 
+    started = time.perf_counter()
     for _ in range(2):
         runner.run(inputs, len(inputs))
+    warm_up_s = time.perf_counter() - started
     times = []
     for _ in range(runs):
         started = time.perf_counter()
         runner.run(inputs, len(inputs))
         times.append(time.perf_counter() - started)
-    return np.array(times)
+    return warm_up_s, np.array(times)
 
 
 def run_profile(args: argparse.Namespace) -> int:
     if args.under_load is not None:
         return _run_under_load(args)
-    import numpy as np
-
     from adaptive.latency import parse_latency_model
     from server.worker.memory import PROBE_BATCH, measure_memory
     from server.worker.models import load_model
-    from server.worker.runner import TorchRunner, parse_device
+    from server.worker.runner import TorchRunner, compile_choice, parse_device
 
     sizes = _sizes(args.batch_sizes)
     budget = parse_size_bytes(args.memory_budget, field="--memory-budget")
@@ -135,30 +140,18 @@ def run_profile(args: argparse.Namespace) -> int:
         raise InvalidInput(f"--seq-len must be >= 1, got {args.seq_len}")
     device = parse_device(args.device)
     model = load_model(args.model)
-    runner = TorchRunner(model, str(device))
+    compiled = compile_choice(args.compile, model)
+    runner = TorchRunner(model, str(device), compile=compiled)
     probe = max(sizes[0], min(PROBE_BATCH, sizes[-1]))
     # First: a budget the parameters do not fit in fails before the timing runs.
     memory = measure_memory(model, runner.device, budget, _inputs(model, probe, args.seq_len))
-    points = []
-    for size in sizes:
-        times = measure(runner, _inputs(model, size, args.seq_len), args.runs)
-        points.append((size, float(times.mean()), float(np.quantile(times, 0.99))))
+    points, warm_ups = _measure_sizes(runner, sizes, args.seq_len, args.runs)
     points = _physical(points)
-    document = {
-        "model": model.name,
-        "device": str(runner.device),
-        "points": [
-            {"batch_size": b, "mean_ms": round(m * 1e3, 4), "p99_ms": round(p * 1e3, 4)}
-            for b, m, p in points
-        ],
-        "memory": {
-            "device_bytes": memory.device_bytes,
-            "parameter_bytes": memory.parameter_bytes,
-            "activation_bytes_per_sample": memory.activation_bytes_per_sample,
-        },
-    }
-    print(_table(points, memory))
+    if compiled:
+        print(f"{model.name} compiles each size (torch.compile): warm-up s is that compile")
+    print(_table(points, memory, warm_ups))
     if args.out is not None:
+        document = _document(runner, compiled, points, warm_ups, memory)
         _write(args.out, document)
         model_check = parse_latency_model(str(args.out))  # what simulate will load
         print(f"wrote {args.out} ({model_check.describe()})")
@@ -166,6 +159,50 @@ def run_profile(args: argparse.Namespace) -> int:
         _plot(points, args.plot, model.name)
         print(f"wrote {args.plot}")
     return 0
+
+
+def _measure_sizes(
+    runner: TorchRunner, sizes: list[int], seq_len: int | None, runs: int
+) -> tuple[list[tuple[int, float, float]], list[float]]:
+    """Per size (batch size, mean s, p99 s) as measured, and its warm-up seconds."""
+    import numpy as np
+
+    points, warm_ups = [], []
+    for size in sizes:
+        warm_up_s, times = measure(runner, _inputs(runner.model, size, seq_len), runs)
+        points.append((size, float(times.mean()), float(np.quantile(times, 0.99))))
+        warm_ups.append(warm_up_s)
+    return points, warm_ups
+
+
+def _document(
+    runner: TorchRunner,
+    compiled: bool,
+    points: list[tuple[int, float, float]],
+    warm_ups: list[float],
+    memory: MemoryLimit,
+) -> dict:
+    """The profile JSON: what `simulate --latency-model` and the controller load (they
+    read `batch_size`, `mean_ms`, `p99_ms` and `memory`; `warmup_s` is for people)."""
+    return {
+        "model": runner.model.name,
+        "device": str(runner.device),
+        "compiled": compiled,
+        "points": [
+            {
+                "batch_size": b,
+                "mean_ms": round(m * 1e3, 4),
+                "p99_ms": round(p * 1e3, 4),
+                "warmup_s": round(w, 4),
+            }
+            for (b, m, p), w in zip(points, warm_ups, strict=True)
+        ],
+        "memory": {
+            "device_bytes": memory.device_bytes,
+            "parameter_bytes": memory.parameter_bytes,
+            "activation_bytes_per_sample": memory.activation_bytes_per_sample,
+        },
+    }
 
 
 def _physical(points: list[tuple[int, float, float]]) -> list[tuple[int, float, float]]:
@@ -221,17 +258,28 @@ def _run_under_load(args: argparse.Namespace) -> int:
     return 0
 
 
-def _table(points: list[tuple[int, float, float]], memory: MemoryLimit | None) -> str:
+def _table(
+    points: list[tuple[int, float, float]],
+    memory: MemoryLimit | None,
+    warm_ups: list[float] | None = None,
+) -> str:
+    """Per size: mean and p99 ms, items/s, the gain in items/s over the smallest size and
+    (in process) the size's warm-up seconds; then the gain in one line, a linear fit and
+    the memory bound."""
     import numpy as np
 
     base_throughput = points[0][0] / points[0][1]
-    lines = [f"{'batch':>6} {'mean ms':>9} {'p99 ms':>9} {'req/s':>10} {'vs batch 1':>10}"]
-    for size, mean, p99 in points:
+    header = f"{'batch':>6} {'mean ms':>9} {'p99 ms':>9} {'items/s':>10} {'gain':>7}"
+    lines = [header + ("" if warm_ups is None else f" {'warm-up s':>10}")]
+    for i, (size, mean, p99) in enumerate(points):
         throughput = size / mean
+        gain = f"{throughput / base_throughput:.1f}x"
+        warm_up = "" if warm_ups is None else f" {warm_ups[i]:>10.2f}"
         lines.append(
-            f"{size:>6} {mean * 1e3:>9.3f} {p99 * 1e3:>9.3f} {throughput:>10.0f} "
-            f"{throughput / base_throughput:>9.2f}x"
+            f"{size:>6} {mean * 1e3:>9.3f} {p99 * 1e3:>9.3f} {throughput:>10.0f} {gain:>7}"
+            + warm_up
         )
+    lines.append(_gain_line(points))
     sizes = np.array([p[0] for p in points], dtype=float)
     means = np.array([p[1] for p in points]) * 1e3
     slope, intercept = np.polyfit(sizes, means, 1) if len(points) > 1 else (0.0, means[0])
@@ -244,6 +292,13 @@ def _table(points: list[tuple[int, float, float]], memory: MemoryLimit | None) -
         f"{memory.max_batch_size:,}"
     )
     return "\n".join(lines)
+
+
+def _gain_line(points: list[tuple[int, float, float]]) -> str:
+    """`gain 8.1x items/s from batch 1 to 128`: what batching buys, in one line."""
+    (first, first_s, _), (last, last_s, _) = points[0], points[-1]
+    gain = (last / last_s) / (first / first_s)
+    return f"gain {gain:.1f}x items/s from batch {first} to {last}"
 
 
 def _write(path: Path, document: dict) -> None:

@@ -103,17 +103,26 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         type=Path,
         help=f"bearer token for PUT /v1/config without a pool (else ${TOKEN_ENV})",
     )
-    worker.add_argument(
-        "--compile",
-        action="store_true",
-        help="torch.compile each batch-size bucket when it is warmed (static shapes)",
-    )
+    add_compile_flag(worker)
     worker.add_argument(
         "--group-by-length",
         action="store_true",
         help="batch variable-length inputs by length bucket (less padding; demo-text)",
     )
     worker.set_defaults(handler=run_worker)
+
+
+def add_compile_flag(parser: argparse.ArgumentParser) -> None:
+    """`--compile/--no-compile`, the worker's and `tidal profile`'s alike: None when
+    neither is given, so the model decides (`server.worker.runner.compile_choice`)."""
+    parser.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="torch.compile each batch-size bucket when it is warmed (static shapes: each "
+        "warm-up pays its compile); default: the model's choice (demo-ranker compiles, "
+        "demo-cnn, demo-text and loaded files do not)",
+    )
 
 
 def parse_config(text: str):

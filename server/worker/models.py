@@ -3,8 +3,9 @@
 A `ServedModel` is an `nn.Module` plus what the batcher needs around it: how to turn a
 list of request inputs into one batch tensor (`collate`, which also pads the batch to
 a bucket size), how to split the output back per request, how to validate one input,
-and an example input for warm-up and profiling. The demos are built in code with seeded
-weights, so nothing is downloaded and every run serves the same function.
+an example input for warm-up and profiling, and whether warming a bucket compiles it by
+default (`compile_buckets`). The demos are built in code with seeded weights, so nothing
+is downloaded and every run serves the same function.
 
 - `demo-cnn`: a small ResNet-style image classifier, input 3x32x32 floats, 10 classes.
 - `demo-ranker`: a ranking model's shape, 256 dense features through four 2048-wide
@@ -47,6 +48,9 @@ class ServedModel:
     from_bytes: Callable[[bytes], Any] | None = None  # the compact binary body, if any
     to_bytes: Callable[[Any], bytes] | None = None
     length_group: Callable[[Any], int] | None = None  # for --group-by-length
+    # Whether warming a bucket compiles it (torch.compile, static shapes) unless the
+    # worker or the profile is told otherwise (`--compile/--no-compile`).
+    compile_buckets: bool = False
 
     @property
     def codec(self) -> InputCodec:
@@ -299,6 +303,7 @@ def _demo(name: str) -> ServedModel:
             _example_features,
             from_bytes=_features_from_bytes,
             to_bytes=_float32_bytes,
+            compile_buckets=True,
         )
     return ServedModel(
         name,

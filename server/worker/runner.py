@@ -3,7 +3,8 @@ and the `Execution` seam through which the batcher awaits it.
 
 `run(inputs, padded_size)` executes one batch padded to a warmed bucket and returns one
 output per input; `warm(size)` prepares a bucket (dummy batches; with `compile=True`
-that compiles the bucket's shape with `torch.compile`) and returns how long it took.
+that compiles the bucket's shape with `torch.compile`, as `compile_choice` decides for a
+served model) and returns how long it took.
 Both block. The batcher awaits them through an `Execution`: `ThreadedExecution` runs
 them on worker threads, so the event loop keeps accepting requests while a batch runs;
 `ModelledExecution` runs the runner inline and then takes a modelled service time on
@@ -138,6 +139,14 @@ class OutOfMemory(Exception):
     Not a `TidalError`: a device's limit, not a refusal of Tidal's. Where nothing catches
     it (`tidal profile` asked for a batch that does not fit) it keeps its traceback, with
     torch's message chained, as any other failure of the device."""
+
+
+def compile_choice(flag: bool | None, model: ServedModel) -> bool:
+    """Whether warming a bucket compiles it: `--compile` / `--no-compile` when given
+    (`flag`), else the model's own choice (`ServedModel.compile_buckets`: demo-ranker
+    compiles, the other demos and loaded files do not). The worker and `tidal profile`
+    decide alike, so a profile measures the model as a worker serves it."""
+    return model.compile_buckets if flag is None else flag
 
 
 def compile_mode(device_type: str) -> str | None:

@@ -27,7 +27,7 @@ from server.worker.frontends import FrontendPool
 from server.worker.link import WorkerLink
 from server.worker.memory import describe_memory, measure_memory
 from server.worker.models import load_model
-from server.worker.runner import TorchRunner, parse_device
+from server.worker.runner import TorchRunner, compile_choice, parse_device
 from tidal_base.errors import InvalidInput
 
 log = logging.getLogger("tidal.worker")
@@ -42,7 +42,7 @@ def serve(
     token = api_token(args.token_file)
     listening = listen(args.host, args.port)
     model = load_model(args.model)
-    runner = TorchRunner(model, str(device), compile=args.compile)
+    runner = TorchRunner(model, str(device), compile=compile_choice(args.compile, model))
     memory = measure_memory_bound(model, runner.device, memory_budget, args.memory_budget)
     batcher = DynamicBatcher(
         runner,
