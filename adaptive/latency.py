@@ -8,7 +8,9 @@ Two forms, as operators have them:
 
 Either may carry seeded jitter (lognormal, mean preserving; a table's p99 sets it) and a
 memory limit: the largest batch that fits is
-`(device memory - parameter memory) / per-sample activation memory`.
+`(device memory - parameter memory) / per-sample activation memory`. A profile taken under
+load also carries the time a request spends outside the batcher, per rate
+(`adaptive.overhead`): the simulator's client account and the planner charge it.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from adaptive.latency_fit import monotone_table
+from adaptive.overhead import RequestOverhead, overhead_from_document
 from tidal_base.errors import InvalidInput
 from tidal_base.units import parse_size_bytes
 
@@ -65,6 +68,12 @@ class LatencyModel(Protocol):
         """The device memory that bounds batch sizes; None when unbounded."""
         ...
 
+    @property
+    def overhead(self) -> RequestOverhead | None:
+        """The time a request spends outside the batcher, by rate; None when not measured
+        (then a client's latency is taken to be the worker's)."""
+        ...
+
     def mean_s(self, batch_sizes: np.ndarray) -> np.ndarray:
         """Mean service time, in seconds, of a batch of each size in `batch_sizes` (an array
         of sizes >= 1): an array of the same shape, positive."""
@@ -94,6 +103,7 @@ class LinearLatency:
     per_item_s: float
     sigma: float = 0.0
     memory: MemoryLimit | None = None
+    overhead: RequestOverhead | None = None
 
     def __post_init__(self) -> None:
         for name in ("base_s", "per_item_s", "sigma"):
@@ -131,6 +141,7 @@ class TableLatency:
     p99_times_s: tuple[float, ...] | None = None
     memory: MemoryLimit | None = None
     source: str = "table"
+    overhead: RequestOverhead | None = None
 
     def __post_init__(self) -> None:
         sizes = self.batch_sizes
@@ -204,6 +215,8 @@ def profile_document(model: LatencyModel, sizes: Iterable[int]) -> dict[str, Any
             "parameter_bytes": model.memory.parameter_bytes,
             "activation_bytes_per_sample": model.memory.activation_bytes_per_sample,
         }
+    if model.overhead is not None:
+        document["request_overhead_ms"] = model.overhead.to_document()
     return document
 
 
@@ -281,12 +294,15 @@ def _table_from_document(document: dict, source: str) -> TableLatency:
     except (KeyError, TypeError, ValueError) as error:
         raise InvalidInput(f"{source}: each point needs batch_size and mean_ms ({error})") from None
     memory = _memory_from_document(document, source)
+    overhead = None
+    if "request_overhead_ms" in document:
+        overhead = overhead_from_document(document["request_overhead_ms"], source)
     TableLatency(sizes, means, p99s, memory, source)  # the measured points, validated as given
     fitted_means, fitted_p99s = monotone_table(sizes, means, p99s, weights)
     moved = _moved(sizes, (means, p99s), (fitted_means, fitted_p99s))
     if moved:
         source = f"{source} (monotone fit moved batch {', '.join(map(str, moved))})"
-    return TableLatency(sizes, fitted_means, fitted_p99s, memory, source)
+    return TableLatency(sizes, fitted_means, fitted_p99s, memory, source, overhead)
 
 
 Column = tuple[float, ...] | None

@@ -313,6 +313,7 @@ class LatencyLearner:
             tuple(p for _, _, p in values),
             self.prior.memory,
             source,
+            self.prior.overhead,
         )
 
 

@@ -3,7 +3,10 @@
 For every candidate config (power-of-two caps, timeouts as fractions of the SLO) and a
 geometric grid of pool arrival rates, one engine run of a few tens of thousands of
 requests measures p99, mean latency and busy seconds per request. Rates are swept
-upwards and a config stops at the first rate it cannot keep up with. A table costs a
+upwards and a config stops at the first rate it cannot keep up with. When the latency
+model carries the time a request spends outside the batcher (a profile taken under
+load), the latencies are the client's: the worker's plus that overhead at each rate, so
+the planner charges it against the SLO at the rate it plans for. A table costs a
 few seconds and is cached per (latency model, pool, SLO) for the life of the process.
 """
 
@@ -28,7 +31,7 @@ SATURATED = 0.97
 """Utilisation (at full batches) past which a config is taken as unable to keep up."""
 
 
-_TABLES: dict[tuple[str, int, float, bool, Routing, int], PerformanceTable] = {}
+_TABLES: dict[tuple[object, ...], PerformanceTable] = {}
 
 
 def performance_table(
@@ -46,7 +49,8 @@ def performance_table(
     process-wide cache would otherwise keep every table a long-running controller built.
     `threads` sweeps configs on that many cores (None: all); each config has its own seed,
     so the table is the same whatever the count."""
-    key = (latency.describe(), workers, slo_s, padded, routing, seed)
+    # The overhead is in the key: a linear model describes itself by its spec alone.
+    key = (latency.describe(), latency.overhead, workers, slo_s, padded, routing, seed)
     threads = threads or os.cpu_count() or 1
     if not cached:
         return _TABLES.get(key) or _compile(latency, workers, slo_s, padded, routing, seed, threads)
@@ -100,7 +104,8 @@ def _compile(
         busy_per_request_s=busy,
         workers=workers,
         description=f"{latency.describe()}, {workers} workers, {routing.value}"
-        + (", padded to power-of-two buckets" if padded else ""),
+        + (", padded to power-of-two buckets" if padded else "")
+        + (", client latency (with the overhead outside the batcher)" if latency.overhead else ""),
     )
 
 
@@ -150,10 +155,14 @@ def _measure(
     rate_rps: float,
     rng: np.random.Generator,
 ) -> tuple[float, float, float]:
-    """(p99, mean latency, busy seconds per request) of one config under Poisson load."""
+    """(p99, mean latency, busy seconds per request) of one config under Poisson load:
+    the client's latencies when the model carries an overhead, else the worker's."""
     n = _requests_for(config.max_batch_size, settings.workers)
     arrivals = np.cumsum(rng.standard_exponential(n) / rate_rps)
     pool = SimulatedPool(settings, latency, np.random.default_rng(rng.integers(2**63)))
-    stats = pool.advance(0.0, math.inf, arrivals, config)
-    p99 = stats.p99_s if stats.p99_s is not None else math.inf
-    return p99, stats.latency_sum_s / stats.completed, stats.busy_s / stats.completed
+    stats = pool.advance(0.0, math.inf, arrivals, config, rate_rps=rate_rps)
+    p99, latency_sum_s = stats.p99_s, stats.latency_sum_s
+    if pool.client_account:
+        p99, latency_sum_s = stats.client_p99_s, stats.client_latency_sum_s
+    busy_per_request_s = stats.busy_s / stats.completed
+    return (math.inf if p99 is None else p99), latency_sum_s / stats.completed, busy_per_request_s

@@ -111,11 +111,18 @@ class TickStats:
     queue_depth: int
     p50_s: float | None
     p99_s: float | None
+    # The client account (worker latency plus the overhead outside the batcher); zero
+    # and None when the latency model carries no overhead.
+    client_within_slo: int = 0
+    client_latency_sum_s: float = 0.0
+    client_p50_s: float | None = None
+    client_p99_s: float | None = None
 
     @classmethod
     def from_vector(cls, vector: np.ndarray) -> TickStats:
         v = vector.tolist()
         p50, p99 = v[k.ST_P50_S], v[k.ST_P99_S]
+        client_p50, client_p99 = v[k.ST_CLIENT_P50_S], v[k.ST_CLIENT_P99_S]
         return cls(
             int(v[k.ST_ARRIVALS]),
             int(v[k.ST_SHED]),
@@ -131,6 +138,10 @@ class TickStats:
             int(v[k.ST_QUEUE_DEPTH_END]),
             None if p50 != p50 else p50,
             None if p99 != p99 else p99,
+            int(v[k.ST_CLIENT_WITHIN_SLO]),
+            v[k.ST_CLIENT_LATENCY_SUM_S],
+            None if client_p50 != client_p50 else client_p50,
+            None if client_p99 != client_p99 else client_p99,
         )
 
 
@@ -170,9 +181,15 @@ class SimulatedPool:
         self.replica_starts = 0
         self._istate = np.zeros(k.NUM_INT_STATE, dtype=np.int64)
         self._stats = np.zeros(k.NUM_STATS)
-        self._tick_hist = np.zeros((1, NUM_BUCKETS), dtype=np.int64)
+        self._tick_hist = np.zeros((2, NUM_BUCKETS), dtype=np.int64)  # worker, client
         self._hist_params = np.array([MIN_VALUE_S, INV_LOG_GAMMA])
         self._normals = np.zeros(0)
+        self._uniforms = np.zeros(0)
+        # Overhead draws from a child stream: the jitter draws, and so the worker's own
+        # account, are the same with a client account as without.
+        self._client_rng = jitter_rng.spawn(1)[0] if latency.overhead is not None else None
+        self._no_overhead = np.zeros(0)
+        self._overhead_by_band: dict[int, np.ndarray] = {}
         self._records = np.zeros((0, k.NUM_REC_COLUMNS))
         self._record_chunks: list[np.ndarray] = []
         self._routing_code = settings.routing.kernel_code
@@ -300,10 +317,24 @@ class SimulatedPool:
         busy = self.worker_free[np.isfinite(self.worker_free)]
         return float(busy.max()) if busy.size else 0.0
 
+    @property
+    def client_account(self) -> bool:
+        """Whether ticks carry a client account (the latency model has an overhead)."""
+        return self.latency.overhead is not None
+
     def advance(
-        self, t_start: float, t_end: float, arrivals: np.ndarray, config: BatchConfig
+        self,
+        t_start: float,
+        t_end: float,
+        arrivals: np.ndarray,
+        config: BatchConfig,
+        rate_rps: float | None = None,
     ) -> TickStats:
-        """Run the pool from t_start to t_end under `config`, taking `arrivals` (sorted)."""
+        """Run the pool from t_start to t_end under `config`, taking `arrivals` (sorted).
+
+        With an overhead, each request's is drawn at the rate each ready worker is
+        offered: `rate_rps` (the pool's) when given, else this tick's arrivals over its
+        length, shared by the workers."""
         # Runs once per tick per policy: keep the Python side lean (no numpy reductions).
         if self.settings.fleet is not None:
             self.replica_seconds += int(self._provisioned.sum()) * (t_end - t_start)
@@ -316,6 +347,12 @@ class SimulatedPool:
             self._grow_queues(self._largest_queue + arriving)
         if table.jittered:
             self._ensure_normals(incoming)
+        overhead_s = self._no_overhead
+        if self.latency.overhead is not None:
+            if rate_rps is None:
+                rate_rps = arriving / (t_end - t_start) if t_end > t_start else 0.0
+            overhead_s = self._overhead_at(rate_rps / self._ready_workers(t_start))
+            self._ensure_uniforms(incoming)
         records = self._record_buffer(incoming)
         k.run_tick(
             float(t_start),
@@ -341,6 +378,8 @@ class SimulatedPool:
             BUCKET_LOWER_S,
             BUCKET_REPRESENTATIVES_S,
             records,
+            overhead_s,
+            self._uniforms,
         )
         self._keep_records(records)
         stats = TickStats.from_vector(self._stats)
@@ -351,7 +390,27 @@ class SimulatedPool:
     @property
     def tick_histogram(self) -> np.ndarray:
         """Latency bucket counts of the last tick (adaptive.histogram layout)."""
-        return self._tick_hist[0]
+        return self._tick_hist[k.HIST_TICK]
+
+    @property
+    def client_histogram(self) -> np.ndarray:
+        """The last tick's client latency bucket counts (zeros without an overhead)."""
+        return self._tick_hist[k.HIST_CLIENT]
+
+    def _ready_workers(self, now: float) -> int:
+        if self.settings.fleet is None:
+            return self.settings.workers
+        return max(1, self.fleet(now).ready)
+
+    def _overhead_at(self, worker_rate_rps: float) -> np.ndarray:
+        """The overhead's inverse CDF at a worker's rate, cached per 1% band of rate."""
+        band = round(math.log(max(worker_rate_rps, 1e-3)) / math.log(1.01))
+        grid = self._overhead_by_band.get(band)
+        if grid is None:
+            assert self.latency.overhead is not None
+            grid = self.latency.overhead.inverse_cdf_s(1.01**band)
+            self._overhead_by_band[band] = grid
+        return grid
 
     def records(self) -> np.ndarray:
         """Per-request rows (see kernel.REC_*), in dispatch order; needs record_requests."""
@@ -399,6 +458,15 @@ class SimulatedPool:
         fresh = self._rng.standard_normal(max(max_batches, 65536))
         self._normals = np.concatenate((self._normals[position:], fresh))
         self._istate[k.IS_NORMAL_POS] = 0
+
+    def _ensure_uniforms(self, max_requests: int) -> None:
+        position = int(self._istate[k.IS_UNIFORM_POS])
+        if self._uniforms.shape[0] - position >= max_requests:
+            return
+        assert self._client_rng is not None
+        fresh = self._client_rng.random(max(max_requests, 65536))
+        self._uniforms = np.concatenate((self._uniforms[position:], fresh))
+        self._istate[k.IS_UNIFORM_POS] = 0
 
     def _record_buffer(self, incoming: int) -> np.ndarray:
         if not self.settings.record_requests:

@@ -9,6 +9,10 @@ docs/batching.md) batch-at-a-time:
                                    oldest queued arrival + timeout              otherwise,
                                    t_start)
 
+With an overhead distribution (`overhead_s`: its inverse CDF on an even grid of
+probabilities), each completed request also gets a client latency: its worker latency
+plus one draw of the overhead, into a second histogram and SLO count.
+
 Arrivals at or before that instant join the queue first (so a request arriving exactly
 at a dispatch instant is in the batch). A dispatch that would fall at or after `t_end`
 is left for the next call, which may run a new config: that is how a config change
@@ -43,18 +47,23 @@ ROUTE_SHORTEST_QUEUE = 2
     ST_QUEUE_DEPTH_END,
     ST_P50_S,
     ST_P99_S,
-) = range(14)
-NUM_STATS = 14
+    ST_CLIENT_WITHIN_SLO,
+    ST_CLIENT_LATENCY_SUM_S,
+    ST_CLIENT_P50_S,
+    ST_CLIENT_P99_S,
+) = range(18)
+NUM_STATS = 18
 
 # Indices into the integer state vector.
-IS_ROUND_ROBIN, IS_BATCHES, IS_NORMAL_POS, IS_RECORDS, IS_NEXT_ID = range(5)
-NUM_INT_STATE = 5
+IS_ROUND_ROBIN, IS_BATCHES, IS_NORMAL_POS, IS_RECORDS, IS_NEXT_ID, IS_UNIFORM_POS = range(6)
+NUM_INT_STATE = 6
 
 # Columns of the optional per-request record (tests and parity checks).
 (REC_ID, REC_ARRIVED_AT, REC_DISPATCHED_AT, REC_COMPLETED_AT, REC_WORKER, REC_BATCH) = range(6)
 NUM_REC_COLUMNS = 6
 
 HIST_TICK = 0
+HIST_CLIENT = 1  # the tick's client account, when the pool adds an overhead
 
 
 @njit(cache=True, inline="always")
@@ -95,6 +104,26 @@ def _bucket_guess(latency_s, min_value_s, inv_log_gamma, num_buckets):
     if latency_s < min_value_s:
         return 0
     return min(num_buckets - 1, 1 + int(math.log(latency_s / min_value_s) * inv_log_gamma))
+
+
+@njit(cache=True, inline="always")
+def _bucket_of(latency_s, min_value_s, inv_log_gamma, bucket_lower):
+    """The exact bucket of one latency: the guess, settled against the bounds."""
+    num_buckets = bucket_lower.shape[0]
+    b = _bucket_guess(latency_s, min_value_s, inv_log_gamma, num_buckets)
+    while b + 1 < num_buckets and latency_s >= bucket_lower[b + 1]:
+        b += 1
+    while b > 0 and latency_s < bucket_lower[b]:
+        b -= 1
+    return b
+
+
+@njit(cache=True, inline="always")
+def _overhead_draw(u, overhead_s):
+    """The overhead at probability `u`, from its inverse CDF on an even grid."""
+    x = u * (overhead_s.shape[0] - 1)
+    lo = min(int(x), overhead_s.shape[0] - 2)
+    return overhead_s[lo] + (x - lo) * (overhead_s[lo + 1] - overhead_s[lo])
 
 
 @njit(cache=True)
@@ -138,12 +167,16 @@ def run_tick(
     bucket_lower,
     representatives,
     records,
+    overhead_s,
+    uniforms,
 ):
     """Advance the pool to `t_end`; see the module docstring for the rule.
 
     `max_queue` < 0 means unbounded. `records` with zero rows disables per-request logs.
     `hists` row HIST_TICK receives this tick's latency histogram (bucket layout of
-    adaptive.histogram). The queue capacity (qtime.shape[1]) must be a power of two.
+    adaptive.histogram), and row HIST_CLIENT the client account's when `overhead_s` is
+    not empty (one of `uniforms` drawn per completed request). The queue capacity
+    (qtime.shape[1]) must be a power of two.
     """
     min_value_s, inv_log_gamma = hist_params[0], hist_params[1]
     num_buckets = hists.shape[1]
@@ -151,8 +184,9 @@ def run_tick(
     num_queues = qlen.shape[0]
     num_workers = worker_free.shape[0]
     record = records.shape[0] > 0
+    client = overhead_s.shape[0] > 1
     stats[:] = 0.0
-    hists[HIST_TICK, :] = 0
+    hists[:, :] = 0
 
     free_min = math.inf
     free_worker = 0
@@ -257,6 +291,14 @@ def run_tick(
             latency_sum += latency_s
             latency_max = max(latency_max, latency_s)
             within += latency_s <= slo_s
+            if client:
+                u = uniforms[istate[IS_UNIFORM_POS]]
+                istate[IS_UNIFORM_POS] += 1
+                client_s = latency_s + _overhead_draw(u, overhead_s)
+                cb = _bucket_of(client_s, min_value_s, inv_log_gamma, bucket_lower)
+                hists[HIST_CLIENT, cb] += 1
+                stats[ST_CLIENT_LATENCY_SUM_S] += client_s
+                stats[ST_CLIENT_WITHIN_SLO] += client_s <= slo_s
             if record:
                 r = istate[IS_RECORDS]
                 istate[IS_RECORDS] += 1
@@ -297,6 +339,12 @@ def run_tick(
     stats[ST_QUEUE_DEPTH_END] = depth
     stats[ST_P50_S] = _quantile(hists[HIST_TICK], 0.5, representatives)
     stats[ST_P99_S] = _quantile(hists[HIST_TICK], 0.99, representatives)
+    if client:
+        stats[ST_CLIENT_P50_S] = _quantile(hists[HIST_CLIENT], 0.5, representatives)
+        stats[ST_CLIENT_P99_S] = _quantile(hists[HIST_CLIENT], 0.99, representatives)
+    else:
+        stats[ST_CLIENT_P50_S] = math.nan
+        stats[ST_CLIENT_P99_S] = math.nan
 
 
 @njit(cache=True)

@@ -33,6 +33,7 @@ def policy_summary(result: PolicyResult) -> dict[str, Any]:
             "mean": _ms(latency.mean_s),
         },
         "slo_attainment": round(result.slo_attainment, 6),
+        **_client_summary(result),
         "slo_attainment_worst_10min": round(result.worst_window_attainment(600.0), 6),
         "mean_batch_size": round(result.mean_batch_size, 4),
         "batch_fill_ratio": round(result.batch_fill_ratio, 4),
@@ -52,6 +53,24 @@ def policy_summary(result: PolicyResult) -> dict[str, Any]:
             if result.clamped_from
             else None
         ),
+    }
+
+
+def _client_summary(result: PolicyResult) -> dict[str, Any]:
+    """What clients see, when the latency model carries the overhead outside the batcher."""
+    client = result.client_latency
+    if client is None or result.client_slo_attainment is None:
+        return {}
+    return {
+        "client_latency_ms": {
+            "p50": _ms(client.p50_s),
+            "p90": _ms(client.p90_s),
+            "p99": _ms(client.p99_s),
+            "p999": _ms(client.p999_s),
+            "max": _ms(client.max_s),
+            "mean": _ms(client.mean_s),
+        },
+        "client_slo_attainment": round(result.client_slo_attainment, 6),
     }
 
 
@@ -95,6 +114,9 @@ def format_table(report: SimulationReport) -> str:
     )
     if report.scaling:  # what a fleet that scales pays for, and how often it moved
         header += f" {'rep-h':>8} {'max rep':>7} {'scaled':>6}"
+    clients = any(r.client_latency is not None for r in report.results)
+    if clients:  # what clients see: the worker's latency plus the overhead outside it
+        header += f" {'client p50':>10} {'client p99':>10} {'client SLO %':>12}"
     lines = [
         f"trace {report.trace}: {report.requests:,} requests, {report.workers} workers, "
         f"SLO p99 {report.slo_s * 1e3:g} ms, latency {report.latency_model}",
@@ -114,9 +136,22 @@ def format_table(report: SimulationReport) -> str:
                 if report.scaling
                 else ""
             )
+            + (_client_columns(r) if clients else "")
+        )
+    if clients:
+        lines.append(
+            "client columns: the worker's latency plus the time outside the batcher that the "
+            "profile measured under load, at each tick's rate (the latency the SLO is judged on)"
         )
     lines.extend(f"note: {n}" for n in report_notes(report))
     return "\n".join(lines)
+
+
+def _client_columns(result: PolicyResult) -> str:
+    client, attainment = result.client_latency, result.client_slo_attainment
+    if client is None or attainment is None:
+        return f" {'-':>10} {'-':>10} {'-':>12}"
+    return f" {_fmt(client.p50_s, 1e3, 10)} {_fmt(client.p99_s, 1e3, 10)} {attainment * 100:>12.2f}"
 
 
 def _fmt(value: float | None, scale: float, width: int) -> str:

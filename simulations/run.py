@@ -24,7 +24,12 @@ from adaptive.controller import Controller, ControllerSettings
 from adaptive.decisions import DecisionRecord, Mode
 from adaptive.forecast_feed import ForecastFeed
 from adaptive.guards import Guardrails
-from adaptive.histogram import NUM_BUCKETS, LatencyHistogram, LatencySummary
+from adaptive.histogram import (
+    BUCKET_REPRESENTATIVES_S,
+    NUM_BUCKETS,
+    LatencyHistogram,
+    LatencySummary,
+)
 from adaptive.latency import LatencyModel
 from adaptive.policy import Policy
 from forecaster.events import Event
@@ -112,6 +117,10 @@ class PolicyResult:
     replica_seconds: float = 0.0  # provisioned replica time (ready or starting)
     replica_changes: int = 0
     max_replicas: int = 0  # the most replicas provisioned at once
+    # What clients see (the worker's latency plus the overhead outside the batcher), when
+    # the latency model carries that overhead; None otherwise.
+    client_latency: LatencySummary | None = None
+    client_within_slo: int | None = None
 
     @property
     def throughput_rps(self) -> float:
@@ -121,6 +130,15 @@ class PolicyResult:
     def slo_attainment(self) -> float:
         offered = self.completed + self.shed
         return self.within_slo / offered if offered else 1.0
+
+    @property
+    def client_slo_attainment(self) -> float | None:
+        """The share of requests a client saw answered within the SLO (None without an
+        overhead to add): what a rollout is judged on when it is known."""
+        if self.client_within_slo is None:
+            return None
+        offered = self.completed + self.shed
+        return self.client_within_slo / offered if offered else 1.0
 
     @property
     def mean_batch_size(self) -> float:
@@ -208,6 +226,9 @@ class _PolicyRun:
         self.wall_s = 0.0
         self.window_hist = np.zeros(NUM_BUCKETS, dtype=np.int64)
         self.total_hist = np.zeros(NUM_BUCKETS, dtype=np.int64)
+        self.client_hist = np.zeros(NUM_BUCKETS, dtype=np.int64)
+        self.client_within_slo = 0
+        self.client_latency_sum_s = 0.0
         self.max_replicas = settings.pool.workers
         self._paid_s = 0.0  # the pool's replica-seconds when the last window closed
         self.finished = False  # past the trace's end with nothing left to serve
@@ -245,6 +266,10 @@ class _PolicyRun:
         self.latency_max_s = max(self.latency_max_s, s.latency_max_s)
         if s.completed:
             self.window_hist += self.pool.tick_histogram
+            if self.pool.client_account:
+                self.client_hist += self.pool.client_histogram
+                self.client_within_slo += s.client_within_slo
+                self.client_latency_sum_s += s.client_latency_sum_s
         self.timeline.add_tick(s)
 
     def run_block(self, ticks: list[_Tick]) -> None:
@@ -303,6 +328,14 @@ class _PolicyRun:
         fixed = settings.fleet is None
         replica_seconds = settings.workers * span_s if fixed else self.pool.replica_seconds
         feeds = self._feeds()
+        client_latency = None
+        if self.pool.client_account:
+            client = LatencyHistogram()
+            # The kernel keeps no exact client max: the top bucket's value stands for it.
+            nonzero = np.flatnonzero(self.client_hist)
+            top_s = float(BUCKET_REPRESENTATIVES_S[nonzero[-1]]) if nonzero.size else 0.0
+            client.add_counts(self.client_hist, self.client_latency_sum_s, top_s)
+            client_latency = client.summary()
         return PolicyResult(
             policy=self.policy.spec,
             requests=requests,
@@ -330,6 +363,8 @@ class _PolicyRun:
             replica_seconds=replica_seconds,
             replica_changes=self.controller.replica_changes,
             max_replicas=self.max_replicas,
+            client_latency=client_latency,
+            client_within_slo=self.client_within_slo if self.pool.client_account else None,
         )
 
 

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import time
+from dataclasses import replace
 
 import httpx
 import numpy as np
@@ -16,7 +17,8 @@ from redis_server import redis_server
 
 from adaptive.bus import WorkerStats
 from adaptive.fleet import FleetLimits
-from adaptive.latency import parse_latency_model
+from adaptive.latency import LatencyModel, parse_latency_model
+from adaptive.overhead import RequestOverhead
 from server.bus.local import LocalPoolBus
 from server.bus.redis_bus import RedisBus, connect
 from server.control.app import create_app
@@ -36,11 +38,12 @@ async def running(
     name: str = "c1",
     protect_reads: bool = False,
     fleet: FleetLimits | None = None,
+    latency: LatencyModel | None = None,
 ):
     plan = PoolPlan(
         pool="p",
         policy=policy,
-        latency=parse_latency_model("linear:5,0.4"),
+        latency=latency or parse_latency_model("linear:5,0.4"),
         tick_s=0.05,
         fleet=fleet,
     )
@@ -199,6 +202,34 @@ def test_the_rollout_gate_compares_side_by_side_and_promotes_only_if_no_worse():
     assert w["no_worse_on_slo"] is False and w["promoted"] is False
     b = better.json()
     assert b["no_worse_on_slo"] is True and b["promoted"] is True
+    assert policy == "static:max_batch=32,timeout=5ms"
+
+
+def test_with_the_time_outside_the_batcher_measured_the_gate_judges_what_clients_see():
+    """40 ms outside the batcher: a 50 ms timeout holds the batcher's own SLO account at
+    300 req/s, but clients would wait past 100 ms, so the gate refuses it."""
+    outside = RequestOverhead((1.0,), (0.0, 1.0), ((0.040, 0.040),))
+    latency = replace(parse_latency_model("linear:5,0.4"), overhead=outside)
+
+    async def scenario():
+        bus = LocalPoolBus()
+        policy = "static:max_batch=32,timeout=5ms"
+        async with running(bus, policy=policy, latency=latency) as (control, api):
+            await record_traffic(bus, 240, 300)
+            gate = await api.post(
+                "/v1/pools/p/simulate",
+                json={"candidate": "static:max_batch=32,timeout=50ms", "promote": True},
+                headers=AUTH,
+            )
+            return gate.json(), control.policy_spec
+
+    gate, policy = asyncio.run(scenario())
+    current, candidate = gate["current"], gate["candidate"]
+    assert gate["judged_on"] == "client_slo_attainment"
+    assert candidate["slo_attainment"] > 0.99  # the batcher's own account holds
+    assert candidate["client_slo_attainment"] < 0.95 and current["client_slo_attainment"] > 0.99
+    assert candidate["client_latency_ms"]["p99"] > 100.0
+    assert gate["no_worse_on_slo"] is False and gate["promoted"] is False
     assert policy == "static:max_batch=32,timeout=5ms"
 
 

@@ -491,11 +491,17 @@ class PoolControl:
             latency,
         )
         current, proposed = (policy_summary(r) for r in report.results)
+        # Judged on what clients see when the plan's profile measured the time outside
+        # the batcher; on the batcher's own account otherwise.
+        judged_on = (
+            "client_slo_attainment" if "client_slo_attainment" in current else ("slo_attainment")
+        )
         return {
             "traffic": {"from": first, "seconds": int(counts.size), "requests": report.requests},
             "current": current,
             "candidate": proposed,
-            "no_worse_on_slo": proposed["slo_attainment"] >= current["slo_attainment"],
+            "no_worse_on_slo": proposed[judged_on] >= current[judged_on],
+            "judged_on": judged_on,
             "latency_model": latency.describe(),
         }
 

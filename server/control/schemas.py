@@ -427,6 +427,12 @@ class PolicyOutcome(ResponseModel):
     replica_changes: int
     fallback_s: float
     clamped_max_batch: ClampedBatch | None
+    client_latency_ms: LatencyQuantiles | None = Field(
+        default=None,
+        description="what clients see: the worker's latency plus the time outside the "
+        "batcher measured under load; only when the latency model carries it",
+    )
+    client_slo_attainment: float | None = None
 
 
 class GateResult(ResponseModel):
@@ -439,5 +445,9 @@ class GateResult(ResponseModel):
     current: PolicyOutcome
     candidate: PolicyOutcome
     no_worse_on_slo: bool
+    judged_on: str = Field(
+        description="client_slo_attainment when the latency model carries the time outside "
+        "the batcher, else slo_attainment (the batcher's own account)"
+    )
     latency_model: str = Field(description="the latency model the replay ran on")
     promoted: bool
