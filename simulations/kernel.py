@@ -59,8 +59,17 @@ IS_ROUND_ROBIN, IS_BATCHES, IS_NORMAL_POS, IS_RECORDS, IS_NEXT_ID, IS_UNIFORM_PO
 NUM_INT_STATE = 6
 
 # Columns of the optional per-request record (tests and parity checks).
-(REC_ID, REC_ARRIVED_AT, REC_DISPATCHED_AT, REC_COMPLETED_AT, REC_WORKER, REC_BATCH) = range(6)
-NUM_REC_COLUMNS = 6
+# REC_OVERHEAD: the time outside the batcher drawn for the client account (0 without).
+(
+    REC_ID,
+    REC_ARRIVED_AT,
+    REC_DISPATCHED_AT,
+    REC_COMPLETED_AT,
+    REC_WORKER,
+    REC_BATCH,
+    REC_OVERHEAD,
+) = range(7)
+NUM_REC_COLUMNS = 7
 
 HIST_TICK = 0
 HIST_CLIENT = 1  # the tick's client account, when the pool adds an overhead
@@ -237,6 +246,7 @@ def run_tick(
                     records[r, REC_COMPLETED_AT] = math.nan
                     records[r, REC_WORKER] = -1
                     records[r, REC_BATCH] = -1
+                    records[r, REC_OVERHEAD] = math.nan
                 continue
             slot = (qhead[q] + qlen[q]) & mask
             qtime[q, slot] = t
@@ -291,10 +301,12 @@ def run_tick(
             latency_sum += latency_s
             latency_max = max(latency_max, latency_s)
             within += latency_s <= slo_s
+            overhead = 0.0
             if client:
                 u = uniforms[istate[IS_UNIFORM_POS]]
                 istate[IS_UNIFORM_POS] += 1
-                client_s = latency_s + _overhead_draw(u, overhead_s)
+                overhead = _overhead_draw(u, overhead_s)
+                client_s = latency_s + overhead
                 cb = _bucket_of(client_s, min_value_s, inv_log_gamma, bucket_lower)
                 hists[HIST_CLIENT, cb] += 1
                 stats[ST_CLIENT_LATENCY_SUM_S] += client_s
@@ -308,6 +320,7 @@ def run_tick(
                 records[r, REC_COMPLETED_AT] = done_at
                 records[r, REC_WORKER] = worker
                 records[r, REC_BATCH] = batch_id
+                records[r, REC_OVERHEAD] = overhead
         stats[ST_LATENCY_SUM_S] += latency_sum
         stats[ST_LATENCY_MAX_S] = latency_max
         stats[ST_WITHIN_SLO] += within
