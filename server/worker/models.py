@@ -10,7 +10,9 @@ is downloaded and every run serves the same function.
 - `demo-cnn`: a small ResNet-style image classifier, input 3x32x32 floats, 10 classes.
 - `demo-ranker`: a ranking model's shape, 256 dense features through four 2048-wide
   layers to one score; 52 MB of weights, so it is memory-bound at batch 1 and batching
-  pays (on one CPU thread here, 360 items/s at batch 1 against 3,000 at 128: 8x).
+  pays (on one CPU thread here, 360 items/s at batch 1 against 3,000 at 128: 8x). Its
+  warm-up compiles each bucket by default (about 10 s the first on a cold cache, 1-2 s
+  each after, on the 2-core CPU docs/worker.md measures).
 - `demo-text`: a transformer encoder over token ids (1..1000, up to 128 long), padded
   to the batch's longest sequence with an attention mask, 4 classes.
 - a path to a TorchScript file (`torch.jit.save`) or a `torch.export` program (`.pt2`,
