@@ -94,6 +94,20 @@ def test_a_handoff_frame_round_trips():
         arena.close()
 
 
+def test_frames_split_out_of_a_stream_in_any_pieces():
+    """The reader takes whatever has arrived: frames cut anywhere, or many in one read,
+    come out whole and in order."""
+    frames = [handoff.encode_answer(i, 200, b"x" * i) for i in range(6)]
+    stream = b"".join(frames)
+    for cut in (1, 3, 7, 64, len(stream)):
+        splitter = handoff.FrameSplitter()
+        pieces = [stream[at : at + cut] for at in range(0, len(stream), cut)]
+        payloads = [p for piece in pieces for p in splitter.feed(piece)]
+        assert [handoff.decode_answer(p) for p in payloads] == [
+            (i, 200, b"x" * i) for i in range(6)
+        ]
+
+
 def test_one_batcher_batches_requests_from_both_front_ends(worker):
     _, url = worker
     inputs = [image(i) for i in range(8)]

@@ -39,8 +39,8 @@ loop, makes the worker unready.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -186,6 +186,7 @@ class DynamicBatcher:
         self.windows = StatsWindows()  # what a pool's StatsCollector takes
         self._free = instances
         self._wake = asyncio.Event()
+        self._sleeping_until = -math.inf  # when the sleeping loop wakes by itself
         self._closing = False
         self._in_flight: set[asyncio.Task] = set()
         self._loop_task: asyncio.Task | None = None
@@ -270,7 +271,7 @@ class DynamicBatcher:
         self._answer_expired(now)  # an expired request's place is free from its deadline
         self._admit()
         self._batcher.offer(request, now, None if deadline_s is None else now + deadline_s)
-        self._wake.set()
+        self._wake_for_arrival()
         return await request.future
 
     def _admit(self) -> None:
@@ -382,16 +383,36 @@ class DynamicBatcher:
         (epoll rounds up), so the last stretch before an instant is spent yielding to the
         loop instead of sleeping."""
         if wake_at is None:
-            await self._sleep(None)
+            await self._sleep(None, math.inf)
         elif wake_at - now > self.spin_s:
-            await self._sleep(wake_at - now - self.spin_s)
+            await self._sleep(wake_at - now - self.spin_s, wake_at - self.spin_s)
         else:
             await asyncio.sleep(0)
 
-    async def _sleep(self, timeout_s: float | None) -> None:
+    async def _sleep(self, timeout_s: float | None, until: float) -> None:
+        """Until woken, or `timeout_s` (None: no timeout), which ends at `until` on the
+        clock (what an arrival compares its instants with: `_wake_for_arrival`)."""
         self._wake.clear()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), timeout_s)
+        timer = None
+        if timeout_s is not None:
+            timer = asyncio.get_running_loop().call_later(timeout_s, self._wake.set)
+        self._sleeping_until = until
+        try:
+            await self._wake.wait()
+        finally:
+            self._sleeping_until = -math.inf
+            if timer is not None:
+                timer.cancel()
+
+    def _wake_for_arrival(self) -> None:
+        """Wake the sleeping loop if the queue now has an instant before it would wake by
+        itself (a batch due to a free instance, a request's deadline); else the arrival
+        waits for that wake-up, as the loop would have put itself back to sleep. Most
+        arrivals of a batch being formed change neither, and cost no turn of the loop."""
+        due_at = self._batcher.next_deadline() if self._free else None
+        soonest = _earliest(due_at, self._batcher.next_expiry())
+        if soonest is not None and soonest < self._sleeping_until:
+            self._wake.set()
 
     def _launch(self, batch: list[Queued[_Request]], now: float) -> None:
         live = [queued for queued in batch if not queued.item.future.done()]  # else gone

@@ -89,17 +89,21 @@ class ModelLink:
         self._pending: dict[int, tuple[asyncio.Future[tuple[int, bytes]], int]] = {}
         self._ids = itertools.count()
         self.requests = 0
-        self._writer: asyncio.StreamWriter | None = None
+        self._writer: handoff.FrameWriter | None = None
+        self._splitter = handoff.FrameSplitter()
         self._tasks: list[asyncio.Task] = []
 
     async def connect(self) -> None:
-        reader, self._writer = await asyncio.open_unix_connection(self.spec.handoff_path)
+        reader, writer = await asyncio.open_unix_connection(self.spec.handoff_path)
+        self._writer = handoff.FrameWriter(writer)
         self._writer.write(handoff.encode_hello(self.spec.index))
-        welcome = await _read_frame(reader)
+        welcome, *after = await handoff.read_frames(reader, self._splitter)
         if handoff.kind_of(welcome) != handoff.WELCOME:
             raise ConnectionError(f"the model process answered HELLO with {welcome[:1]!r}")
         held = set(handoff.decode_welcome(welcome))  # an earlier process's queued requests
         self._free = deque(slot for slot in range(self.spec.slots) if slot not in held)
+        for payload in after:  # releases sent in the same write
+            self._received(payload)
         self._tasks = [
             asyncio.create_task(self._read_answers(reader), name="frontend-answers"),
             asyncio.create_task(self._report_stats(), name="frontend-stats"),
@@ -133,13 +137,16 @@ class ModelLink:
     async def _read_answers(self, reader: asyncio.StreamReader) -> None:
         try:
             while True:
-                payload = await _read_frame(reader)
-                if handoff.kind_of(payload) == handoff.RELEASE:
-                    self._free.append(handoff.decode_release(payload))  # an earlier one's
-                else:
-                    self._answered(*handoff.decode_answer(payload))
+                for payload in await handoff.read_frames(reader, self._splitter):
+                    self._received(payload)
         except (asyncio.IncompleteReadError, ConnectionError):
             self._model_process_gone()
+
+    def _received(self, payload: bytes) -> None:
+        if handoff.kind_of(payload) == handoff.RELEASE:
+            self._free.append(handoff.decode_release(payload))  # an earlier one's
+        else:
+            self._answered(*handoff.decode_answer(payload))
 
     def _answered(self, request_id: int, status: int, body: bytes) -> None:
         future, slot = self._pending.pop(request_id)
@@ -254,10 +261,6 @@ class FrontendApp:
             {"type": "http.response.start", "status": reply.status_code, "headers": forwarded}
         )
         await send({"type": "http.response.body", "body": body})
-
-
-async def _read_frame(reader: asyncio.StreamReader) -> bytes:
-    return await reader.readexactly(handoff.frame_length(await reader.readexactly(4)))
 
 
 class TokenFirst:

@@ -100,9 +100,9 @@ class _Frontend:
     requests: int = 0
     cpu_s_before: float = 0.0  # earlier processes' last reports
     requests_before: int = 0
-    writer: asyncio.StreamWriter | None = None  # its process's hand-off connection
+    writer: handoff.FrameWriter | None = None  # its process's hand-off connection
     # slot -> the connection whose request reads it, until that request is done
-    held: dict[int, asyncio.StreamWriter] = field(default_factory=dict)
+    held: dict[int, handoff.FrameWriter] = field(default_factory=dict)
 
 
 class FrontendPool:
@@ -272,27 +272,33 @@ class FrontendPool:
         task = asyncio.current_task()
         assert task is not None
         self._connections.add(task)
+        out, splitter = handoff.FrameWriter(writer), handoff.FrameSplitter()
         try:
             while True:
-                payload = await reader.readexactly(
-                    handoff.frame_length(await reader.readexactly(4))
-                )
-                kind = handoff.kind_of(payload)
-                if kind == handoff.HELLO:
-                    frontend = self._frontends[handoff.decode_hello(payload)]
-                    frontend.connected, frontend.writer = True, writer
-                    writer.write(handoff.encode_welcome(frontend.held))  # all its predecessors'
-                elif kind == handoff.STATS and frontend is not None:
-                    frontend.cpu_s, frontend.requests = handoff.decode_stats(payload)
-                elif kind == handoff.REQUEST and frontend is not None:
-                    self._take(frontend, handoff.decode_request(payload), writer)
+                for payload in await handoff.read_frames(reader, splitter):
+                    frontend = self._received(payload, frontend, out)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass  # the front end closed: it exited, or was stopped
         finally:
             self._connections.discard(task)
-            if frontend is not None and frontend.writer is writer:  # not its successor's
+            if frontend is not None and frontend.writer is out:  # not its successor's
                 frontend.connected, frontend.writer = False, None
-            writer.close()
+            out.close()
+
+    def _received(
+        self, payload: bytes, frontend: _Frontend | None, writer: handoff.FrameWriter
+    ) -> _Frontend | None:
+        """One frame from a front end's connection; the front end it is (once it said)."""
+        kind = handoff.kind_of(payload)
+        if kind == handoff.HELLO:
+            frontend = self._frontends[handoff.decode_hello(payload)]
+            frontend.connected, frontend.writer = True, writer
+            writer.write(handoff.encode_welcome(frontend.held))  # all its predecessors'
+        elif kind == handoff.STATS and frontend is not None:
+            frontend.cpu_s, frontend.requests = handoff.decode_stats(payload)
+        elif kind == handoff.REQUEST and frontend is not None:
+            self._take(frontend, handoff.decode_request(payload), writer)
+        return frontend
 
     def _take(self, frontend: _Frontend, request: handoff.RequestFrame, writer) -> None:
         slot = request.slot
@@ -355,7 +361,7 @@ class FrontendPool:
         return [requests, cpu, restarts, connected, in_a_row]
 
 
-def _release(frontend: _Frontend, slot: int, writer: asyncio.StreamWriter) -> None:
+def _release(frontend: _Frontend, slot: int, writer: handoff.FrameWriter) -> None:
     """Done with the request in `slot`, which came on `writer`. The front end that sent
     it takes the slot back with the answer; if that process is gone, its successor is
     told (or, not connected yet, will not hear of the slot as held)."""
@@ -366,7 +372,7 @@ def _release(frontend: _Frontend, slot: int, writer: asyncio.StreamWriter) -> No
         successor.write(handoff.encode_release(slot))
 
 
-def _send(writer: asyncio.StreamWriter, request_id: int, status: int, body: dict) -> None:
+def _send(writer: handoff.FrameWriter, request_id: int, status: int, body: dict) -> None:
     if not writer.is_closing():  # else its front end is gone, and the client with it
         writer.write(handoff.encode_answer(request_id, status, json.dumps(body).encode()))
 

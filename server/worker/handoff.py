@@ -19,12 +19,18 @@ Two channels per front end:
   and the JSON body), `RELEASE` (a held slot, free again) and `STATS` (the front end's
   CPU seconds and requests so far, for the metrics).
 
-Everything here is plain data and bytes; the asyncio on either side lives with its
-process (`server.worker.frontend`, `server.worker.frontends`).
+Frames travel in bulk both ways: `FrameWriter` sends the frames written in one turn of
+the event loop in one write (a batch's answers, which complete together, leave in one
+system call rather than one each), and `read_frames` takes whatever has arrived and
+splits it into frames (`FrameSplitter`), rather than two reads a frame.
+
+Everything else here is plain data and bytes; the rest of the asyncio on either side
+lives with its process (`server.worker.frontend`, `server.worker.frontends`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import struct
 from collections.abc import Iterable
@@ -125,6 +131,71 @@ class RequestFrame:
     origin_wall_s: float
     stamped: bool
     inline: bytes = b""
+
+
+class FrameSplitter:
+    """Whole frames out of a byte stream, whatever pieces it arrives in."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """The payloads of the frames `data` completes, in order (the rest is kept)."""
+        buffer = self._buffer
+        buffer += data
+        payloads, at = [], 0
+        while len(buffer) - at >= _LENGTH.size:
+            end = at + _LENGTH.size + _LENGTH.unpack_from(buffer, at)[0]
+            if end > len(buffer):
+                break
+            payloads.append(bytes(buffer[at + _LENGTH.size : end]))
+            at = end
+        del buffer[:at]
+        return payloads
+
+
+READ_BYTES = 1 << 18
+
+
+async def read_frames(reader: asyncio.StreamReader, splitter: FrameSplitter) -> list[bytes]:
+    """The next frames from `reader` (at least one); `IncompleteReadError` at its end."""
+    while True:
+        data = await reader.read(READ_BYTES)
+        if not data:
+            raise asyncio.IncompleteReadError(b"", None)
+        if payloads := splitter.feed(data):
+            return payloads
+
+
+class FrameWriter:
+    """A connection's frames, those written in one turn of the event loop sent in one
+    write (at the end of the turn). `close` sends what is pending first."""
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self.writer = writer
+        self._pending: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        if not self._pending:
+            asyncio.get_running_loop().call_soon(self.flush)
+        self._pending.append(data)
+
+    def flush(self) -> None:
+        if self._pending:
+            data = b"".join(self._pending)
+            self._pending.clear()
+            if not self.writer.is_closing():
+                self.writer.write(data)
+
+    def is_closing(self) -> bool:
+        return self.writer.is_closing()
+
+    def close(self) -> None:
+        self.flush()
+        self.writer.close()
+
+    async def wait_closed(self) -> None:
+        await self.writer.wait_closed()
 
 
 def frame(payload: bytes) -> bytes:
