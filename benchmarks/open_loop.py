@@ -21,7 +21,8 @@ bound is not sent and counts as an error, as in `tidal loadgen`.
 
 `cpu_snapshot` reads the CPU seconds of every process under a root (this process's
 children and theirs) from /proc, labelled by the process it descends from, so a run can
-say how many CPU-milliseconds a request cost each server process.
+say how many CPU-milliseconds a request cost each server process; `machine_busy_s`
+reads the whole machine's, so it can say how much went to processes it did not start.
 """
 
 from __future__ import annotations
@@ -358,6 +359,16 @@ def cpu_by_label(before: dict[int, ProcessCpu], after: dict[int, ProcessCpu]) ->
         then = before.get(pid)
         spent[now.label] = spent.get(now.label, 0.0) + now.cpu_s - (then.cpu_s if then else 0.0)
     return spent
+
+
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine has spent busy (every core, every process: /proc/stat's
+    user, nice, system, irq, softirq and steal), so a run can say how much of the machine
+    went to processes it did not start (the machine may be shared)."""
+    with open("/proc/stat", "rb") as f:
+        fields = f.readline().split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / TICKS_PER_S
 
 
 def _pids() -> list[int]:

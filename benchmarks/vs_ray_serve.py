@@ -13,6 +13,10 @@ time, all on 127.0.0.1:
   the same thread setting, below);
 - `tidal-frontends1`: the same static worker with `--frontends 1` (HTTP and decoding in
   a front-end process, batches and the model in the model process);
+- `tidal-frontends1-instances2`: that worker with `--instances 2` (two batches in flight
+  at once, each on its own thread: at 1 torch thread each, the model's two copies use
+  both cores without the intra-op threads' barriers, which stall whenever the front end
+  or the client takes a core);
 - any `--worker-variant NAME=ARGS` (say `frontends2=--frontends 2`): the worker with
   those flags added; a NAME ending in `-predictive` runs steered.
 
@@ -36,8 +40,10 @@ each labelled), and from the worker's /metrics the model's busy ratio
 (`tidal_worker_busy_seconds_total` over the window and `tidal_worker_model_instances`) and
 its front-end metrics where it has them (`n/a` where not). The model alone in process
 (`tidal profile --model demo-cnn`, best batch) is measured at each thread setting first,
-for the target "at least half of what the model alone serves" (against the best setting's
-figure, the machine's limit).
+for the target "at least 0.8 of what the model alone serves" (issue 3/5; against the
+best setting's figure, the machine's limit). Each run also says how many cores processes
+of neither the client nor the server took meanwhile (`others`, from /proc/stat): the
+machine may be shared, and a figure measured beside other work says so.
 
     PYTHONPATH=. python benchmarks/vs_ray_serve.py            # 10-15 minutes
     PYTHONPATH=. python benchmarks/vs_ray_serve.py --quick    # 2-3 minutes, 1 repeat
@@ -70,7 +76,15 @@ import httpx
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from open_loop import LoadRun, LoadSettings, Request, cpu_by_label, cpu_snapshot, run_load
+from open_loop import (
+    LoadRun,
+    LoadSettings,
+    Request,
+    cpu_by_label,
+    cpu_snapshot,
+    machine_busy_s,
+    run_load,
+)
 from processes import stop, wait_for
 from ray_cluster import demo_payloads, ray_serve_cluster
 from redis_server import RedisProcess, free_port
@@ -101,6 +115,7 @@ WORKER_VARIANTS = (
     # The decoupled worker: one front-end process parses and decodes, the model process
     # batches. One more line per variant to compare (or --worker-variant NAME=ARGS).
     WorkerVariant("tidal-frontends1", ("--frontends", "1")),
+    WorkerVariant("tidal-frontends1-instances2", ("--frontends", "1", "--instances", "2")),
 )
 
 
@@ -149,10 +164,12 @@ class Bench:
 
 @dataclass(frozen=True, slots=True)
 class Probe:
-    """What a server shows at one instant: its processes' CPU and its metrics."""
+    """What a server shows at one instant: its processes' CPU and its metrics, and the
+    whole machine's busy CPU seconds."""
 
     cpu: dict
     metrics: dict[str, float] = field(default_factory=dict)
+    machine_s: float = field(default_factory=machine_busy_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +206,7 @@ class Run:
     client_cpu_ms: float
     server_cpu_ms: float
     cpu_ms_by_process: dict[str, float]
+    others_cores: float  # cores busy with processes neither the client nor the server's
     busy_ratio: float | None
     frontend: dict[str, float] | None
     passed: bool
@@ -389,15 +407,20 @@ def figures(server: str, threads: int, load: LoadRun, repeat: int, slo_ms: float
 
 
 def costs(load: LoadRun, sent: int) -> dict:
-    """CPU per request sent in the window (client, server, by process), the busy ratio
-    and the front end's figures."""
+    """CPU per request sent in the window (client, server, by process), the cores other
+    processes took meanwhile (the machine may be shared), the busy ratio and the front
+    end's figures."""
     before, after = load.probes
-    spent = {k: v * 1e3 / sent for k, v in cpu_by_label(before.cpu, after.cpu).items()}
+    by_label = cpu_by_label(before.cpu, after.cpu)
+    spent = {k: v * 1e3 / sent for k, v in by_label.items()}
     ranked = sorted(spent.items(), key=lambda kv: -kv[1])
+    ours_s = load.client_cpu_s + sum(by_label.values())
+    others_s = after.machine_s - before.machine_s - ours_s
     return {
         "client_cpu_ms": round(load.client_cpu_s * 1e3 / sent, 3),
         "server_cpu_ms": round(sum(spent.values()), 3),
         "cpu_ms_by_process": {k: round(v, 3) for k, v in ranked if v > 0},
+        "others_cores": round(max(0.0, others_s) / load.window_s, 2),
         "busy_ratio": busy_ratio(before.metrics, after.metrics, load.window_s),
         "frontend": frontend(before.metrics, after.metrics, sent),
     }
@@ -598,6 +621,7 @@ def rate_rows(search: RateSearch) -> list[dict]:
             "client_cpu_ms": spread(runs, "client_cpu_ms"),
             "server_cpu_ms": spread(runs, "server_cpu_ms"),
             "busy_ratio": spread(runs, "busy_ratio"),
+            "others_cores": spread(runs, "others_cores"),
         }
         for rate, runs in sorted(search.runs.items())
     ]
@@ -628,12 +652,15 @@ def _per_cpu_second(runs: list[Run]) -> float | None:
     return round(1e3 / cpu_ms, 1) if cpu_ms > 0 else None
 
 
-_SPREAD = ("p50_ms", "p99_ms", "mean_batch", "client_cpu_ms", "server_cpu_ms", "busy_ratio")
+_SPREAD = (
+    "p50_ms", "p99_ms", "mean_batch", "client_cpu_ms", "server_cpu_ms", "busy_ratio",
+    "others_cores",
+)  # fmt: skip
 
 
 def targets(summary: dict, alone: list[dict]) -> dict:
     """Each Tidal server at its best setting against Ray Serve at its best (8x), and
-    against half of the model alone at its best setting."""
+    against 0.8 of the model alone at its best setting (issue 3/5; issue 6/6 asked 0.5)."""
     ray = summary.get(RAY, {}).get("sustained_rps")
     limit = max(row["items_per_s"] for row in alone)
     out = {}
@@ -646,8 +673,8 @@ def targets(summary: dict, alone: list[dict]) -> dict:
             "vs_ray_serve": {"value": ratio, "target": ">= 8", "met": bool(ratio and ratio >= 8)},
             "vs_model_alone": {
                 "value": round(rate / limit, 3),
-                "target": ">= 0.5",
-                "met": rate >= 0.5 * limit,
+                "target": ">= 0.8",
+                "met": rate >= 0.8 * limit,
             },
         }
     return out
@@ -706,16 +733,20 @@ def _settings(bench: Bench) -> dict:
 def print_report(report: dict) -> None:
     print(f"\nrule: {report['rule']}")
     print(f"\n{'server@threads':<24} {'rate':>7} {'passed':>6}  {'p50 ms (min-max)':<20} "
-          f"{'p99 ms (min-max)':<22} {'client':>6} {'server':>7} {'busy':>5}")  # fmt: skip
+          f"{'p99 ms (min-max)':<22} {'client':>6} {'server':>7} {'busy':>5} "
+          f"{'others':>6}")  # fmt: skip
     for key, rows in report["rates"].items():
         for r in rows:
             print(
                 f"{key:<24} {r['rate_rps']:>7.1f} {r['passed']:>3}/{r['runs']:<2}  "
                 f"{_fmt_spread(r['p50_ms']):<20} {_fmt_spread(r['p99_ms']):<22} "
                 f"{_median(r['client_cpu_ms']):>6} {_median(r['server_cpu_ms']):>7} "
-                f"{_median(r['busy_ratio']):>5}  {r['verdict']}"
+                f"{_median(r['busy_ratio']):>5} {_median(r['others_cores']):>6}  {r['verdict']}"
             )
-    print("\n(client, server: CPU ms per request, medians; busy: the model's busy ratio)")
+    print(
+        "\n(client, server: CPU ms per request, medians; busy: the model's busy ratio; "
+        "others: cores busy with processes of neither, the machine being shared)"
+    )
     print_servers(report)
 
 
@@ -765,6 +796,7 @@ def _row(r: Run) -> str:
         f"ok {r.achieved_rps:>6.1f} err {r.errors:>4} p50 {r.p50_ms!s:>7} p99 {r.p99_ms!s:>7} "
         f"batch {r.mean_batch!s:>5} lag99 {r.send_lag_p99_ms:>5.1f} cpu ms/req client "
         f"{r.client_cpu_ms:.2f} server {r.server_cpu_ms:.2f} busy {r.busy_ratio!s:>6} "
+        f"others {r.others_cores:.2f} "
         f"{'pass' if r.passed else 'FAIL'}"
     )
 
