@@ -181,3 +181,14 @@ def test_simulate_reports_what_clients_see_only_when_the_profile_measured_it(
     plain = json.loads(run("--latency-model", "linear:2,0.5", "--json"))["policies"][0]
     assert "client_latency_ms" not in plain and "client_slo_attainment" not in plain
     assert "client p99" not in run()
+
+
+def test_a_model_learned_from_serving_keeps_the_profiles_overhead():
+    """Serving teaches the batch times, not the time outside the batcher: a rebuilt plan
+    still charges what the profile under load measured."""
+    from adaptive.learned_latency import ExecutionTimes, LatencyLearner
+
+    prior = replace(LinearLatency(0.002, 0.0005), overhead=two_rates())
+    learner = LatencyLearner(prior)
+    learner.observe(1.0, [ExecutionTimes.from_samples(8, [0.009] * 50)])
+    assert learner.model().overhead == two_rates()
