@@ -1,169 +1,621 @@
-"""Live: the same compressed promotion day through real workers, predictive vs static.
+"""The promise, live: policies steering two real workers through a promotion day, and the
+simulator's prediction of each beside it.
 
-For each policy, one `tidal controller --redis none` hosting two `demo-cnn` workers
-(the planner's latency model is a `tidal profile` of the model, taken first), and
-`tidal loadgen` replaying `examples/promo_day.csv` time-compressed with its flash sales
-declared. Reported side by side: client-side p50/p99, SLO attainment (answered within
-the SLO, over all requests sent), the workers' busy seconds per 1,000 requests (the
-model's compute, what batching saves), mean batch size and config changes.
+Two `tidal worker --model demo-ranker` processes (one torch thread each; each batch-size
+bucket compiles with torch.compile when it is warmed, so warming costs what it costs) in
+a pool on a private redis-server, steered by `tidal controller`. Per policy and repeat:
+fresh workers and a fresh controller, then `tidal loadgen` replays
+`examples/promo_day.csv` compressed into `--seconds`, with its three sales declared, the
+same seeded arrivals for every policy.
 
-    PYTHONPATH=. python benchmarks/live_policies.py [--seconds 120] [--peak-rps 120]
+The plan's latency model is a profile taken under load: the model's points per batch
+size (two `tidal profile` runs side by side, as both workers run it, the slower point per
+size) merged with a `tidal profile --under-load` run against a worker serving Poisson
+load (the slower of the two where both measured a size), which adds what a request waits
+outside the batcher at each rate (`request_overhead_ms`). The planner charges that
+overhead against the SLO; `--warmup` is the profile's measured compile time per bucket.
 
-Prints a table; the last line is one JSON object with every figure. The machine's two
-cores run the workers, the controller and the load generator together, so this measures
-the policies under CPU contention, as the docs say.
+The replay's peak: what the profile serves within the SLO on two workers at a cap of 8,
+times `--peak-share`, capped at `--max-peak-rps` (the HTTP layer and the load generator
+share the two cores with the model).
+
+Per policy (medians over `--repeats`, with the spread): SLO attainment over every request
+sent and within the sales, p50/p99 of the client's latency, p99 of the worker's own
+(queue wait + execution), busy seconds per 1,000 requests, warm-ups started before each
+sale and config changes; and the same policy simulated on the same arrivals with the same
+profile (its client account), beside it.
+
+    PYTHONPATH=. python benchmarks/live_policies.py                 # about 75 minutes
+    PYTHONPATH=. python benchmarks/live_policies.py --quick         # one repeat, 4 policies
+
+Prints a table per repeat and a summary with the targets; the last line is one JSON
+object: {"policies": [{"policy", "live", "simulated", "live_spread"}, ...], ...}.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
+import os
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
 
-from forecaster.events import event_to_dict, load_events, rescale_events
-from forecaster.series import epoch_seconds
-from server.tools.demo import run_tidal, start_tidal, wait_ready
-from simulations.traces import load_trace
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from processes import free_ports, stop, wait_for
+from redis_server import RedisProcess
 
-TRACE = Path("examples/promo_day.csv")
-EVENTS = Path("examples/promo_day.events.yaml")
+from adaptive.guards import Guardrails
+from adaptive.latency import LatencyModel, load_latency_table
+from adaptive.optimizer import ConfigOptimizer
+from adaptive.specs import build_policy
+from forecaster.events import Event, event_to_dict, load_events, rescale_events
+from forecaster.series import epoch_seconds
+from server.tools.demo_run import slowest_profile, warm_ups_before
+from simulations import kernel
+from simulations.calibration import performance_table
+from simulations.cli import policy_context
+from simulations.engine import PoolSettings
+from simulations.run import SimulationSettings, simulate
+from simulations.traces import RequestTrace, load_trace
+
+ROOT = Path(__file__).resolve().parent.parent
+TRACE = ROOT / "examples" / "promo_day.csv"
+EVENTS = ROOT / "examples" / "promo_day.events.yaml"
+MODEL = "demo-ranker"
+DWELL_S = 2.0
+"""The guardrails' dwell, live and simulated: about 10 minutes of the day at 288x (the
+default 60 s would be most of a compressed day)."""
+WORKERS = 2
+SLO_S = 0.1
+SIZES = "1,2,4,8,16,32,64,128"
 POLICIES = (
     "predictive",
-    "static:max_batch=4,timeout=2ms",
+    "aimd",
+    "reactive",
+    "static:max_batch=8,timeout=5ms",
+    "static:max_batch=32,timeout=20ms",
+    "static:max_batch=128,timeout=40ms",
+)
+QUICK_POLICIES = (
+    "predictive",
+    "reactive",
+    "static:max_batch=8,timeout=5ms",
     "static:max_batch=32,timeout=20ms",
 )
-SLO_S = 0.1
-PORT = 18700
+LEAD_IN_S = 20.0  # from the pool ready to the replay's zero (the day opens with a sale)
+FIGURES = (
+    "slo_attainment",
+    "slo_attainment_in_events",
+    "p50_ms",
+    "p99_ms",
+    "client_p99_ms",
+    "worker_p99_ms",
+    "busy_seconds_per_1k",
+    "warmups_ahead",
+    "config_changes",
+)
 
 
-def run_policy(policy: str, args: argparse.Namespace, work: Path) -> dict:
-    trace = load_trace(TRACE)
-    time_scale = 86_400 / args.seconds
-    rate_scale = args.peak_rps / (float(trace.counts.max() / trace.step_s) * time_scale)
-    start_at = time.time() + 30.0  # the controller compiles its table and warms meanwhile
-    events = rescale_events(load_events(EVENTS), epoch_seconds(trace.origin), time_scale, start_at)
-    events_path = work / "events.json"
-    events_path.write_text(json.dumps({"events": [event_to_dict(e) for e in events]}))
-    api = f"http://127.0.0.1:{PORT}"
-    workers = [f"http://127.0.0.1:{PORT + i}" for i in (1, 2)]
-    log = work / f"controller-{policy.split(':')[0]}.log"
-    controller = start_tidal(
-        [
-            "controller", "--redis", "none", "--pool", "live", "--policy", policy,
-            "--slo", f"{SLO_S}s", "--workers", "2", "--latency-model", str(work / "profile.json"),
-            "--events", str(events_path), "--port", str(PORT), "--local-workers", "2",
-            "--worker-port", str(PORT + 1), "--latency-drift", repr(args.latency_drift),
-        ],
-        log.open("w"),
-    )  # fmt: skip
-    try:
-        wait_ready(api, controller, log)
-        requests_csv = work / "requests.csv"
-        replay = subprocess.run(
-            [
-                sys.executable, "-m", "server.cli", "loadgen", "--trace", str(TRACE),
-                "--target", ",".join(workers), "--time-scale", repr(time_scale),
-                "--rate-scale", repr(rate_scale), "--start-at", repr(start_at), "--json",
-                "--out", str(requests_csv), "--max-failed", "1",
-            ],
-            capture_output=True, text=True, check=True,
-        )  # fmt: skip
-        summary = json.loads(replay.stdout.strip().splitlines()[-1])
-        stats = [httpx.get(f"{w}/v1/stats", timeout=5).json() for w in workers]
-        pool = httpx.get(f"{api}/v1/pools/live", timeout=5).json()
-    finally:
-        controller.terminate()
-        controller.wait(timeout=60)
-    return figures(policy, summary, stats, pool, requests_csv)
+@dataclass(frozen=True)
+class Plan:
+    """What every run shares: the profile, the warm-up per bucket, the replay's scale."""
+
+    profile: Path
+    warmup_s: float
+    peak_rps: float
+    time_scale: float
+    rate_scale: float
 
 
-def figures(policy: str, summary: dict, stats: list[dict], pool: dict, requests: Path) -> dict:
-    with requests.open() as f:
-        rows = list(csv.DictReader(f))
-    latencies = np.array([float(r["latency_s"]) for r in rows if r["status"] == "200"])
-    completed = sum(s["completed"] for s in stats)
-    batches = sum(s["batches"] for s in stats)
-    busy_s = sum(s["busy_s"] for s in stats)
+def _env(threads: int = 1) -> dict[str, str]:
+    # torch sizes its intra-op pool from OMP_NUM_THREADS at start.
     return {
-        "policy": policy,
-        "requests": len(rows),
-        "ok": int(latencies.size),
-        "p50_ms": round(float(np.quantile(latencies, 0.5)) * 1e3, 2),
-        "p99_ms": round(float(np.quantile(latencies, 0.99)) * 1e3, 2),
-        "slo_attainment": round(float((latencies <= SLO_S).sum()) / max(len(rows), 1), 5),
-        "busy_s": round(busy_s, 3),
-        "busy_seconds_per_1k": round(busy_s / max(completed, 1) * 1e3, 4),
-        "mean_batch_size": round(completed / max(batches, 1), 3),
-        "config_changes": pool["config_changes"],
-        "send_lag_p99_ms": summary["send_lag_p99_ms"],
+        **os.environ,
+        "OMP_NUM_THREADS": str(threads),
+        "MKL_NUM_THREADS": str(threads),
+        "PYTHONUNBUFFERED": "1",
     }
 
 
-def table(rows: list[dict]) -> str:
+def _tidal(*argv: str, log: Path, cache: Path | None = None) -> subprocess.Popen:
+    env = _env()
+    if cache is not None:
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
+    return subprocess.Popen(
+        [sys.executable, "-m", "server.cli", *argv],
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        env=env,
+        cwd=ROOT,
+    )
+
+
+@contextlib.contextmanager
+def workers(redis_url: str, pool: str, work: Path, tag: str, config: str) -> Iterator[list[str]]:
+    """Two fresh workers in `pool`, each on one torch thread, ready (their initial buckets
+    compiled). Each compiles into a cache of its own, empty: a new node warms from
+    nothing, as a GPU captures its CUDA Graphs afresh."""
+    first = free_ports(WORKERS)
+    urls = [f"http://127.0.0.1:{first + i}" for i in range(WORKERS)]
+    processes = []
+    for i in range(WORKERS):
+        argv = ["worker", "--model", MODEL, "--port", str(first + i), "--redis", redis_url]
+        argv += ["--pool", pool, "--name", f"w{i}", "--slo", f"{SLO_S * 1e3:g}ms"]
+        argv += ["--config", config]
+        log, cache = work / f"worker-{tag}-{i}.log", work / f"inductor-{tag}-{i}"
+        processes.append(_tidal(*argv, log=log, cache=cache))
+    try:
+        for url, process in zip(urls, processes, strict=True):
+            wait_for(
+                lambda url=url: httpx.get(f"{url}/readyz", timeout=2).status_code == 200,
+                180,
+                f"worker {url}",
+                process=process,
+            )
+        yield urls
+    finally:
+        for process in processes:
+            stop(process, 30)
+
+
+def take_profile(redis_url: str, work: Path, share: float, ceiling: float) -> tuple[Path, float]:
+    """The model's points as both workers run it, merged with a profile under load that
+    adds the overhead outside the batcher per rate; and the replay's peak, sized on the
+    model's points (the rates under load are fractions of it per worker)."""
+    alone = [work / f"alone-{i}.json" for i in range(WORKERS)]
+    runs = []
+    for i, out in enumerate(alone):
+        argv = ["profile", "--model", MODEL, "--batch-sizes", SIZES, "--runs", "10"]
+        runs.append(
+            _tidal(*argv, "--out", str(out), log=work / f"profile-{i}.log", cache=work / f"c{i}")
+        )
+    if any(run.wait() != 0 for run in runs):
+        raise SystemExit(f"tidal profile failed: see {work}")
+    documents = [json.loads(path.read_text()) for path in alone]
+    merged = slowest_profile(documents)
+    merged["warmup_s"] = [
+        max(d["points"][i].get("warmup_s", 0.0) for d in documents)
+        for i in range(len(merged["points"]))
+    ]
+    (work / "alone.json").write_text(json.dumps(merged))
+    peak = size_peak(load_latency_table(work / "alone.json"), share, ceiling)
+    loaded = _under_load(redis_url, work, [peak / WORKERS * f for f in (0.25, 0.5, 1.0)])
+    merged["points"] = merge_points(merged["points"], loaded["points"])
+    merged["request_overhead_ms"] = loaded["request_overhead_ms"]
+    merged["source"] = "live_policies: 2 profiles side by side + 1 under load"
+    path = work / "profile.json"
+    path.write_text(json.dumps(merged, indent=2))
+    return path, peak
+
+
+def _under_load(redis_url: str, work: Path, per_worker_rates: list[float]) -> dict[str, Any]:
+    out = work / "under-load.json"
+    with workers(redis_url, "profile", work, "profile", "max_batch=32,timeout=10ms") as urls:
+        rates = ",".join(f"{r:.0f}" for r in per_worker_rates)
+        argv = ["profile", "--model", MODEL, "--under-load", urls[0], "--rates", rates]
+        _run_tidal(*argv, "--seconds", "10", "--runs", "5", "--out", str(out))
+    return json.loads(out.read_text())
+
+
+def merge_points(alone: list[dict], loaded: list[dict]) -> list[dict]:
+    """Size by size, the slower of the model alone and under load where both measured it."""
+    by_size = {p["batch_size"]: dict(p) for p in alone}
+    for point in loaded:
+        mine = by_size.setdefault(point["batch_size"], dict(point))
+        for key in ("mean_ms", "p99_ms"):
+            mine[key] = max(mine[key], point[key])
+    return [
+        {k: p[k] for k in ("batch_size", "mean_ms", "p99_ms")} for _, p in sorted(by_size.items())
+    ]
+
+
+def warmup_per_bucket(profile: Path) -> float:
+    """The median compile time of the buckets after the first (the first pays for
+    torch.compile's own start, once per process)."""
+    warmups = json.loads(profile.read_text())["warmup_s"][1:]
+    return float(np.median(warmups)) if warmups else 0.0
+
+
+def size_peak(latency: LatencyModel, share: float, ceiling: float) -> float:
+    """`share` of what the model's profile serves within the SLO on the workers at a cap
+    of 8, at most `ceiling`."""
+    table = performance_table(latency, WORKERS, SLO_S, padded=True)
+    capacity = ConfigOptimizer(table, SLO_S).capacity_rps(8)
+    if capacity <= 0:
+        raise SystemExit(f"the profile ({latency.describe()}) serves nothing within the SLO")
+    return min(share * capacity, ceiling)
+
+
+def replay_events(start_at: float, time_scale: float) -> tuple[Event, ...]:
+    trace = load_trace(TRACE)
+    return rescale_events(load_events(EVENTS), epoch_seconds(trace.origin), time_scale, start_at)
+
+
+def run_live(policy: str, plan: Plan, redis_url: str, work: Path, tag: str) -> dict[str, Any]:
+    """One policy, live: fresh workers and controller in a pool of their own (no traffic
+    recorded by an earlier run primes its forecast), the day replayed."""
+    pool = f"live-{tag}"
+    with workers(redis_url, pool, work, tag, "max_batch=8,timeout=5ms") as urls:
+        api = f"http://127.0.0.1:{free_ports(1)}"
+        log = work / f"controller-{tag}.log"
+        controller = _tidal(*controller_argv(policy, plan, redis_url, pool, api, work), log=log)
+        try:
+            wait_for(
+                lambda: pool_ready(api, pool), 240, f"{policy}: pool", process=controller, log=log
+            )
+            ready_at = time.time()  # the controller's clock starts here, in the simulation too
+            start_at = ready_at + LEAD_IN_S
+            events = replay_events(start_at, plan.time_scale)
+            _declare(api, pool, events, work)
+            requests_csv = _replay(urls, plan, start_at, work / f"requests-{tag}.csv")
+            stats = [httpx.get(f"{u}/v1/stats", timeout=5).json() for u in urls]
+            records = httpx.get(
+                f"{api}/v1/pools/{pool}/decisions", params={"limit": 10_000}, timeout=10
+            ).json()["decisions"]
+            (work / f"decisions-{tag}.json").write_text(json.dumps(records))
+        finally:
+            stop(controller, 40)
+    rows = _requests(requests_csv)
+    figures = live_figures(rows, events, start_at, stats)
+    figures["warmups_ahead"] = _warmups_ahead(records, events, start_at)
+    figures["config_changes"] = sum(r["chosen"] != r["previous"] for r in records)
+    arrivals = np.array([r["scheduled_s"] for r in rows])
+    return {
+        "figures": figures,
+        "arrivals": arrivals,
+        "start_at": start_at,
+        "ready_at": ready_at,
+        "events": events,
+    }
+
+
+def controller_argv(
+    policy: str, plan: Plan, redis_url: str, pool: str, api: str, work: Path
+) -> list[str]:
+    argv = ["controller", "--redis", redis_url, "--pool", pool, "--policy", policy]
+    argv += ["--slo", f"{SLO_S * 1e3:g}ms", "--workers", str(WORKERS)]
+    argv += ["--latency-model", str(plan.profile), "--warmup", f"{plan.warmup_s:.3f}s"]
+    argv += ["--guard", f"dwell={DWELL_S:g}s", "--port", api.rsplit(":", 1)[1]]
+    return [*argv, "--token-file", str(work / "token")]
+
+
+def pool_ready(api: str, pool: str) -> bool:
+    """The controller ticks (its policy built: /readyz) and both workers are ready."""
+    if httpx.get(f"{api}/readyz", timeout=2).status_code != 200:
+        return False
+    return httpx.get(f"{api}/v1/pools/{pool}", timeout=2).json()["workers_ready"] == WORKERS
+
+
+def _declare(api: str, pool: str, events: tuple[Event, ...], work: Path) -> None:
+    """The sales, declared through the API as an operator would."""
+    token = (work / "token").read_text().strip()
+    httpx.post(
+        f"{api}/v1/pools/{pool}/events",
+        json={"events": [event_to_dict(e) for e in events]},
+        headers={"authorization": f"Bearer {token}"},
+        timeout=10,
+    ).raise_for_status()
+
+
+def _replay(urls: list[str], plan: Plan, start_at: float, out: Path) -> Path:
+    """`tidal loadgen`: the day, seeded, so every policy sees the same arrivals."""
+    argv = ["loadgen", "--trace", str(TRACE), "--target", ",".join(urls), "--model", MODEL]
+    argv += ["--time-scale", repr(plan.time_scale), "--rate-scale", repr(plan.rate_scale)]
+    argv += ["--start-at", repr(start_at), "--out", str(out), "--json", "--max-failed", "1"]
+    _run_tidal(*argv, "--seed", "0")
+    return out
+
+
+def _run_tidal(*argv: str) -> None:
+    """`tidal ARGV` to its end; a failure stops the benchmark with its last words."""
+    done = subprocess.run(
+        [sys.executable, "-m", "server.cli", *argv],
+        env=_env(),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"tidal {argv[0]} failed: {done.stderr.strip()[-400:]}")
+
+
+def _requests(path: Path) -> list[dict[str, float]]:
+    with path.open() as handle:
+        return [
+            {
+                "scheduled_s": float(r["scheduled_s"]),
+                "status": int(r["status"]),
+                "latency_s": float(r["latency_s"]),
+                "worker_s": (float(r["queue_wait_ms"]) + float(r["execution_ms"])) / 1e3
+                if r["queue_wait_ms"] and r["execution_ms"]
+                else np.nan,
+            }
+            for r in csv.DictReader(handle)
+        ]
+
+
+def in_events(times_s: np.ndarray, events: tuple[Event, ...], start_at: float) -> np.ndarray:
+    """Which of `times_s` (seconds from the replay's zero) fall inside a declared sale."""
+    inside = np.zeros(times_s.shape, dtype=bool)
+    for event in events:
+        inside |= (times_s >= event.start_s - start_at) & (times_s < event.end_s - start_at)
+    return inside
+
+
+def live_figures(
+    rows: list[dict[str, float]], events: tuple[Event, ...], start_at: float, stats: list[dict]
+) -> dict[str, Any]:
+    status = np.array([r["status"] for r in rows])
+    latency = np.array([r["latency_s"] for r in rows])
+    worker = np.array([r["worker_s"] for r in rows])
+    within = (status == 200) & (latency <= SLO_S)
+    sale = in_events(np.array([r["scheduled_s"] for r in rows]), events, start_at)
+    ok = status == 200
+    completed = sum(s["completed"] for s in stats)
+    busy_s = sum(s["busy_s"] for s in stats)
+    return {
+        "requests": len(rows),
+        "answered": int(ok.sum()),
+        **latency_figures(within, sale, latency[ok], worker[ok]),
+        "busy_seconds_per_1k": round(busy_s / max(completed, 1) * 1e3, 4),
+        "mean_batch_size": round(completed / max(sum(s["batches"] for s in stats), 1), 2),
+    }
+
+
+def latency_figures(
+    within: np.ndarray, sale: np.ndarray, client_s: np.ndarray, worker_s: np.ndarray
+) -> dict[str, Any]:
+    """Attainment over every request sent and inside the sales (`within`, `sale`: one
+    flag a request), and the quantiles of the answered ones' client and worker latency."""
+    return {
+        "slo_attainment": _share(within),
+        "slo_attainment_in_events": _share(within[sale]),
+        "p50_ms": _ms(np.quantile(client_s, 0.5)),
+        "p99_ms": _ms(np.quantile(client_s, 0.99)),
+        "client_p99_ms": _ms(np.quantile(client_s, 0.99)),
+        "worker_p99_ms": _ms(np.nanquantile(worker_s, 0.99)),
+    }
+
+
+def _warmups_ahead(records: list[dict], events: tuple[Event, ...], start_at: float) -> list[int]:
+    return [len(sale["warm_ups"]) for sale in warm_ups_before(records, events, start_at)]
+
+
+def _share(mask: np.ndarray) -> float | None:
+    return round(float(mask.mean()), 5) if mask.size else None
+
+
+def _ms(value_s: float) -> float:
+    return round(float(value_s) * 1e3, 2)
+
+
+def simulated(policy: str, plan: Plan, live: dict[str, Any]) -> dict[str, Any]:
+    """The same policy on the same arrivals with the same profile, in the simulator."""
+    latency = load_latency_table(plan.profile)
+    pool = PoolSettings(WORKERS, SLO_S, record_requests=True, warmup_s=plan.warmup_s)
+    # The simulated controller starts when the live one had its pool ready, the lead-in
+    # before the replay's zero included, on the same clock as the declared events.
+    lead_in_s = live["start_at"] - live["ready_at"]
+    trace = RequestTrace("live arrivals", np.sort(live["arrivals"]) + lead_in_s)
+    settings = SimulationSettings(
+        pool=pool,
+        events=live["events"],
+        origin_s=live["ready_at"],
+        guardrails=Guardrails(dwell_s=DWELL_S),
+    )
+    built = build_policy(policy, policy_context(trace, latency, pool))
+    result = simulate(trace, [built], settings, latency, processes=1).results[0]
+    records = result.records
+    assert records is not None
+    arrived = records[:, kernel.REC_ARRIVED_AT] - lead_in_s
+    worker = records[:, kernel.REC_COMPLETED_AT] - arrived
+    client = worker + records[:, kernel.REC_OVERHEAD]
+    served = np.isfinite(worker)
+    within = served & (client <= SLO_S)
+    sale = in_events(arrived, live["events"], live["start_at"])
+    # On the live decisions' clock (Unix seconds), where the events are.
+    decisions = [{**r.to_dict(), "time": live["ready_at"] + r.at_s} for r in result.decisions]
+    return {
+        "requests": int(records.shape[0]),
+        **latency_figures(within, sale, client[served], worker[served]),
+        "busy_seconds_per_1k": round(result.busy_seconds_per_1k, 4),
+        "mean_batch_size": round(result.mean_batch_size, 2),
+        "warmups_ahead": _warmups_ahead(decisions, live["events"], live["start_at"]),
+        "config_changes": result.config_changes,
+    }
+
+
+def median_figures(runs: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Medians over repeats, and each figure's spread (min, max)."""
+    median, spread = {}, {}
+    for key in FIGURES:
+        values = [r[key] for r in runs if r.get(key) is not None]
+        if not values:
+            continue
+        if isinstance(values[0], list):  # warm-ups per sale
+            median[key] = [int(np.median(v)) for v in zip(*values, strict=True)]
+            continue
+        median[key] = round(float(np.median(values)), 5)
+        spread[key] = [min(values), max(values)]
+    return median, spread
+
+
+def table(rows: list[dict[str, Any]]) -> str:
     header = (
-        f"{'policy':36} {'requests':>8} {'p50 ms':>8} {'p99 ms':>8} {'SLO %':>7} "
-        f"{'busy/1k':>8} {'batch':>6} {'changes':>7}"
+        f"{'policy':34} {'':5} {'SLO %':>7} {'in sales':>8} {'p50 ms':>8} {'p99 ms':>8} "
+        f"{'wkr p99':>8} {'busy/1k':>8} {'changes':>7} {'warm-ups ahead':>15}"
     )
     lines = [header, "-" * len(header)]
-    for r in rows:
-        lines.append(
-            f"{r['policy']:36} {r['requests']:>8} {r['p50_ms']:>8.1f} {r['p99_ms']:>8.1f} "
-            f"{r['slo_attainment'] * 100:>7.2f} {r['busy_seconds_per_1k']:>8.3f} "
-            f"{r['mean_batch_size']:>6.2f} {r['config_changes']:>7}"
-        )
+    for row in rows:
+        for side in ("live", "simulated"):
+            f = row[side]
+            lines.append(
+                f"{row['policy'] if side == 'live' else '':34} {side[:5]:5} "
+                f"{_pct(f.get('slo_attainment'))} {_pct(f.get('slo_attainment_in_events'), 8)} "
+                f"{f['p50_ms']:>8.1f} {f['p99_ms']:>8.1f} {f['worker_p99_ms']:>8.1f} "
+                f"{f['busy_seconds_per_1k']:>8.3f} {f['config_changes']:>7.0f} "
+                f"{f.get('warmups_ahead')!s:>15}"
+            )
     return "\n".join(lines)
+
+
+def _pct(value: float | None, width: int = 7) -> str:
+    return f"{'-':>{width}}" if value is None else f"{value * 100:>{width}.2f}"
+
+
+def targets(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The issue's targets, each with its figures and whether it was met."""
+    live = {r["policy"]: r["live"] for r in rows}
+    verdicts: dict[str, Any] = {}
+    if "predictive" in live:
+        mine = live["predictive"]
+        reactive = [p for p in ("aimd", "reactive") if p in live]
+        verdicts["predictive_in_sales"] = {
+            "predictive": mine.get("slo_attainment_in_events"),
+            **{p: live[p].get("slo_attainment_in_events") for p in reactive},
+            "met": (mine.get("slo_attainment_in_events") or 0) >= 0.99
+            and all(
+                (live[p].get("slo_attainment_in_events") or 0)
+                < (mine.get("slo_attainment_in_events") or 0)
+                for p in reactive
+            ),
+        }
+        holding = [
+            (p, f["busy_seconds_per_1k"])
+            for p, f in live.items()
+            if p.startswith("static") and (f.get("slo_attainment") or 0) >= 0.99
+        ]
+        cheapest = min(holding, key=lambda pair: pair[1]) if holding else None
+        ratio = None if cheapest is None else mine["busy_seconds_per_1k"] / cheapest[1]
+        verdicts["predictive_busy_vs_cheapest_static"] = {
+            "cheapest_static_holding_99": None if cheapest is None else cheapest[0],
+            "ratio": None if ratio is None else round(ratio, 3),
+            "met": ratio is not None and ratio <= 0.85,
+        }
+    fidelity = {}
+    for row in rows:
+        live_f, sim_f = row["live"], row["simulated"]
+        errors = {
+            "slo_points": _points(live_f.get("slo_attainment"), sim_f.get("slo_attainment")),
+            **{
+                key: _relative(live_f.get(key), sim_f.get(key))
+                for key in ("p50_ms", "p99_ms", "worker_p99_ms", "busy_seconds_per_1k")
+            },
+        }
+        met = (errors["slo_points"] or 99) <= 2 and all(
+            (v if v is not None else 9) <= 0.2 for k, v in errors.items() if k != "slo_points"
+        )
+        fidelity[row["policy"]] = {**errors, "met": met}
+    verdicts["simulation_predicts_live"] = fidelity
+    return verdicts
+
+
+def _points(live: float | None, sim: float | None) -> float | None:
+    return None if live is None or sim is None else round(abs(live - sim) * 100, 2)
+
+
+def _relative(live: float | None, sim: float | None) -> float | None:
+    if live is None or sim is None or live == 0:
+        return None
+    return round(abs(sim - live) / live, 3)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=120.0, help="the day replayed in")
-    parser.add_argument("--peak-rps", type=float, default=120.0, help="replayed peak rate")
-    parser.add_argument("--policy", action="append", help="policies (default: 3)")
-    parser.add_argument(
-        "--latency-drift",
-        type=float,
-        default=0.2,
-        help="the controller's --latency-drift (0: plan on the profile throughout)",
-    )
+    parser.add_argument("--seconds", type=float, default=300.0, help="the day replayed in")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--policy", action="append", help=f"default: {', '.join(POLICIES)}")
+    parser.add_argument("--peak-share", type=float, default=0.7)
+    parser.add_argument("--max-peak-rps", type=float, default=200.0)
+    parser.add_argument("--peak-rps", type=float, help="the replay's peak (default: sized)")
+    parser.add_argument("--profile", type=Path, help="reuse a profile this benchmark wrote")
+    parser.add_argument("--quick", action="store_true", help="one repeat of 4 policies")
     args = parser.parse_args()
+    policies = args.policy or (QUICK_POLICIES if args.quick else POLICIES)
+    repeats = 1 if args.quick else args.repeats
     work = Path(tempfile.mkdtemp(prefix="tidal-live-"))
+    (work / "token").write_text("live-policies-token")
     started = time.perf_counter()
-    run_tidal(
-        "profile", "--model", "demo-cnn", "--batch-sizes", "1,2,4,8,16,32,64",
-        "--runs", "10", "--out", str(work / "profile.json"), quiet=True,
-    )  # fmt: skip
-    rows = [run_policy(p, args, work) for p in (args.policy or POLICIES)]
+    redis = RedisProcess()
+    redis.start()
+    try:
+        if args.profile is None:
+            profile, peak = take_profile(redis.url, work, args.peak_share, args.max_peak_rps)
+        else:
+            profile, peak = args.profile, args.peak_rps
+        latency = load_latency_table(profile)
+        peak = args.peak_rps or peak
+        if not peak:
+            raise SystemExit("--profile needs --peak-rps")
+        trace = load_trace(TRACE)
+        time_scale = 86_400 / args.seconds
+        recorded_peak = float(trace.counts.max() / trace.step_s)
+        plan = Plan(
+            profile,
+            warmup_per_bucket(profile),
+            peak,
+            time_scale,
+            peak / (recorded_peak * time_scale),
+        )
+        print(
+            f"profile {profile}: {latency.describe()}; "
+            f"{latency.overhead.describe() if latency.overhead else 'no overhead'}; "
+            f"compile per bucket {plan.warmup_s:.1f} s; peak {peak:.0f} req/s; "
+            f"day in {args.seconds:.0f} s",
+            flush=True,
+        )
+        runs: dict[str, list[dict[str, Any]]] = {p: [] for p in policies}
+        sims: dict[str, list[dict[str, Any]]] = {p: [] for p in policies}
+        for repeat in range(repeats):
+            for policy in policies:
+                tag = f"{repeat}-{policy.split(':')[0]}-{len(runs[policy])}-{abs(hash(policy))}"
+                live = run_live(policy, plan, redis.url, work, tag)
+                runs[policy].append(live["figures"])
+                sims[policy].append(simulated(policy, plan, live))
+                print(f"repeat {repeat + 1} {policy}: {json.dumps(live['figures'])}", flush=True)
+        rows = []
+        for policy in policies:
+            live_median, live_spread = median_figures(runs[policy])
+            sim_median, _ = median_figures(sims[policy])
+            rows.append(
+                {
+                    "policy": policy,
+                    "live": live_median,
+                    "simulated": sim_median,
+                    "live_spread": live_spread,
+                    "repeats": len(runs[policy]),
+                }
+            )
+    finally:
+        redis.stop()
     print(table(rows))
-    baseline = {r["policy"]: r for r in rows}
-    ratios = {
-        f"predictive_vs_{p}": {
-            "busy_per_1k": round(
-                baseline["predictive"]["busy_seconds_per_1k"] / r["busy_seconds_per_1k"], 3
-            ),
-            "p99": round(baseline["predictive"]["p99_ms"] / r["p99_ms"], 3),
-        }
-        for p, r in baseline.items()
-        if p != "predictive" and "predictive" in baseline
-    }
-    for name, ratio in ratios.items():
-        print(f"{name}: busy/1k x{ratio['busy_per_1k']}, p99 x{ratio['p99']}")
+    verdicts = targets(rows)
+    for name, verdict in verdicts.items():
+        print(f"{name}: {json.dumps(verdict)}")
     print(
         json.dumps(
             {
-                "seconds": args.seconds,
-                "latency_drift": args.latency_drift,
-                "peak_rps": args.peak_rps,
-                "slo_ms": SLO_S * 1e3,
-                "results": rows,
-                "ratios": ratios,
+                "policies": rows,
+                "targets": verdicts,
+                "plan": {
+                    "peak_rps": round(plan.peak_rps, 1),
+                    "warmup_s_per_bucket": round(plan.warmup_s, 2),
+                    "day_seconds": args.seconds,
+                    "slo_ms": SLO_S * 1e3,
+                    "profile": str(profile),
+                },
                 "wall_s": round(time.perf_counter() - started, 1),
             }
         )
