@@ -10,7 +10,10 @@ time, all on 127.0.0.1:
   config (`--slo`: the bound the runs are judged by, from which the worker bounds its queue);
 - `tidal-predictive`: the same worker in a pool on a private redis-server, steered by
   `tidal controller --policy predictive` (its latency model: the model-alone profile at
-  the same thread setting, below);
+  the same thread setting, below, with the time a request waits outside the batcher that
+  `tidal profile --under-load` measured against the static worker at a quarter, half,
+  three quarters and all of the static worker's sustained rate, which the planner
+  charges against the SLO);
 - `tidal-frontends1`: the same static worker with `--frontends 1` (HTTP and decoding in
   a front-end process, batches and the model in the model process);
 - `tidal-frontends1-instances2`: that worker with `--instances 2` (two batches in flight
@@ -584,9 +587,42 @@ def run_all(bench: Bench, work: Path) -> tuple[list[dict], dict[tuple[str, int],
     for variant in (v for v in bench.variants if v.name in bench.servers):
         for threads in bench.threads:
             profile = work / f"profile-{threads}.json"
+            if variant.steered:
+                static = searches.get(("tidal", threads))
+                top = (static.sustained_rps() if static else None) or bench.ladder.common_rps
+                profile = under_load_profile(threads, top, bench.slo_ms, work)
             with tidal_up(variant, threads, profile, bench.slo_ms, work) as target:
                 searches[variant.name, threads] = sweep(variant.name, threads, target, bench)
     return alone, searches
+
+
+UNDER_LOAD_SHARES = (0.25, 0.5, 0.75, 1.0)
+"""The rates of the profile under load, as shares of the static worker's sustained rate."""
+
+
+def under_load_profile(threads: int, top_rps: float, slo_ms: float, work: Path) -> Path:
+    """The model-alone profile at `threads` plus what a request waits outside the batcher
+    (`request_overhead_ms`) at shares of `top_rps`, measured once against the static worker
+    (`tidal profile --under-load`): the predictive controller plans on it, so it charges
+    that time against the SLO at the rate it plans for."""
+    path = work / f"profile-loaded-{threads}.json"
+    if path.exists():
+        return path
+    out = work / f"under-load-{threads}.json"
+    rates = ",".join(f"{top_rps * share:.0f}" for share in UNDER_LOAD_SHARES)
+    with tidal_up(WorkerVariant("tidal"), threads, None, slo_ms, work) as target:
+        base = target.url.removesuffix("/v1/infer")
+        subprocess.run(
+            [sys.executable, "-m", "server.cli", "profile", "--model", "demo-cnn",
+             "--under-load", base, "--rates", rates, "--seconds", "8", "--runs", "3",
+             "--out", str(out)],
+            env=_threads_env(threads), check=True, stdout=subprocess.DEVNULL,
+        )  # fmt: skip
+    profile = json.loads((work / f"profile-{threads}.json").read_text())
+    profile["request_overhead_ms"] = json.loads(out.read_text())["request_overhead_ms"]
+    path.write_text(json.dumps(profile))
+    print(f"profile under load, {threads} threads, at {rates} req/s: {path}", flush=True)
+    return path
 
 
 # -- the report ---------------------------------------------------------------------------
