@@ -450,6 +450,20 @@ def test_profile_under_load_reads_the_batches_a_serving_worker_ran(worker, tmp_p
     assert simulate(["--trace", str(trace), "--latency-model", str(served), "--json"]) == 0
 
 
+def test_profile_under_load_of_a_pool_records_the_rate_each_worker_was_offered(worker, tmp_path):
+    """Two workers (here the same one twice) share 120 req/s in turn: the overhead is
+    recorded at 60 req/s a worker, the unit the simulator and the planner read."""
+    from server.cli import main as tidal
+
+    served = tmp_path / "pool.json"
+    argv = ["profile", "--model", "demo-cnn", "--under-load", f"{worker},{worker}"]
+    argv += ["--rates", "120", "--seconds", "1.5", "--runs", "1", "--out", str(served)]
+    assert tidal(argv) == 0
+    document = json.loads(served.read_text())
+    assert document["workers"] == 2
+    assert [entry["rate_rps"] for entry in document["request_overhead_ms"]] == [60]
+
+
 def test_loadgen_exits_1_when_requests_fail_and_says_how_many(tmp_path, capsys):
     from server.cli import main
 

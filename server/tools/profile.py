@@ -68,13 +68,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     load.add_argument(
         "--under-load",
-        metavar="URL",
-        help="measure a running tidal worker at URL while it serves open-loop Poisson "
-        "load (its config forms the batches); --runs is then the fewest batches a size "
+        metavar="URL[,URL]",
+        help="measure running tidal workers while they serve open-loop Poisson load, in "
+        "turn (their config forms the batches); --runs is then the fewest batches a size "
         "needs to be a point",
     )
     load.add_argument(
-        "--rates", default="20,50,100", help="req/s, each in turn (default 20,50,100)"
+        "--rates",
+        default="20,50,100",
+        help="req/s to the workers together, each rate in turn (default 20,50,100)",
     )
     load.add_argument(
         "--seconds",
@@ -235,10 +237,12 @@ def _run_under_load(args: argparse.Namespace) -> int:
         raise InvalidInput(f"--runs must be >= 1, got {args.runs}")
     if args.out is not None:
         _write(args.out, {})  # an unwritable --out fails now, not after the load
-    under_load.check_worker(args.under_load)
+    urls = under_load.parse_urls(args.under_load)
+    for url in urls:
+        under_load.check_worker(url)
     model = load_model(args.model)
     document, _ = under_load.profile_under_load(
-        args.under_load, model, rates, args.seconds, args.runs, args.seed
+        urls, model, rates, args.seconds, args.runs, args.seed
     )
     points = [(p["batch_size"], p["mean_ms"] / 1e3, p["p99_ms"] / 1e3) for p in document["points"]]
     print(_table(points, None))
@@ -249,8 +253,9 @@ def _run_under_load(args: argparse.Namespace) -> int:
     )
     for overhead in document["request_overhead_ms"]:
         print(
-            f"outside the batcher at {overhead['rate_rps']:g} req/s (client latency - queue "
-            f"wait - execution): p50 {overhead['p50']:.2f} ms, p99 {overhead['p99']:.2f} ms"
+            f"outside the batcher at {overhead['rate_rps']:g} req/s a worker (client latency "
+            f"- queue wait - execution): p50 {overhead['p50']:.2f} ms, "
+            f"p99 {overhead['p99']:.2f} ms"
         )
     if args.out is not None:
         _write(args.out, document)

@@ -14,8 +14,14 @@ The same answers say what a client waits outside the batcher: its latency minus 
 worker's queue wait and execution (the socket's and event loop's queue, reading and
 decoding the body, the answer's way back). It grows with the load (the HTTP layer
 queues too), so the profile carries its distribution per rate, as
-`request_overhead_ms`: one entry per rate with quantiles at `levels`, for predicting
-what clients see from a simulation of the batcher (`benchmarks/sim_fidelity.py` does).
+`request_overhead_ms`: one entry per rate with quantiles at `levels`, which the
+simulator adds to its batcher's account to predict what clients see and the planner
+charges against the SLO (`adaptive.overhead`).
+
+Several workers (`URL,URL`) take the load in turn, as a pool's balancer gives it: the
+rates are the pool's, and each entry's `rate_rps` is what one worker was offered (the
+rate over the workers), the unit the simulator and the planner read it in. A pool whose
+workers share a machine shows its contention this way; one worker alone does not.
 """
 
 from __future__ import annotations
@@ -39,6 +45,16 @@ def parse_rates(text: str) -> list[float]:
     if not rates or any(not (0 < r < 1e5) for r in rates):
         raise InvalidInput(f"--rates: each rate must be in (0, 100000) req/s, got {text!r}")
     return rates
+
+
+def parse_urls(text: str) -> list[str]:
+    """`--under-load URL[,URL...]`: the workers that share the load."""
+    urls = [part.strip().rstrip("/") for part in text.split(",") if part.strip()]
+    if not urls:
+        raise InvalidInput(
+            f"--under-load: expected a worker URL (or several, comma-separated), got {text!r}"
+        )
+    return urls
 
 
 def check_worker(url: str) -> None:
@@ -88,9 +104,10 @@ OVERHEAD_LEVELS = (
 
 
 def overhead_quantiles(
-    results: list[RequestResult], rates: list[float], seconds: float
+    results: list[RequestResult], rates: list[float], seconds: float, workers: int = 1
 ) -> list[dict]:
-    """Per rate: client latency minus the worker's queue wait and execution, in ms."""
+    """Per rate: client latency minus the worker's queue wait and execution, in ms; each
+    entry at the rate one of `workers` was offered."""
     by_rate: list[list[float]] = [[] for _ in rates]
     for r in results:
         if r.status == 200 and r.queue_wait_ms is not None and r.execution_ms is not None:
@@ -103,7 +120,7 @@ def overhead_quantiles(
         overhead = np.maximum(np.array(samples), 0.0)
         entries.append(
             {
-                "rate_rps": rate,
+                "rate_rps": round(rate / workers, 4),
                 "requests": len(samples),
                 "levels": [round(level, 4) for level in OVERHEAD_LEVELS],
                 "quantiles": [round(float(v), 4) for v in np.quantile(overhead, OVERHEAD_LEVELS)],
@@ -115,17 +132,19 @@ def overhead_quantiles(
 
 
 def profile_under_load(
-    url: str,
+    urls: list[str],
     model: ServedModel,
     rates: list[float],
     seconds: float,
     min_batches: int,
     seed: int = 0,
 ) -> tuple[dict, list[RequestResult]]:
-    """The profile document and the answers it was read from."""
+    """The profile document and the answers it was read from: `rates` offered to the
+    `urls` together, in turn."""
     payloads, content_type = encode_payloads(model, "binary")
     times = poisson_times(rates, seconds, seed)
-    results = asyncio.run(replay(url, times, payloads, 2000, content_type))
+    results = asyncio.run(replay(urls, times, payloads, 2000, content_type))
+    where = ", ".join(urls)
     failed = sum(r.status != 200 for r in results)
     by_size = batches_by_size(results)
     points = [
@@ -141,15 +160,16 @@ def profile_under_load(
     if not points:
         seen = {size: len(samples) for size, samples in sorted(by_size.items())}
         raise InvalidInput(
-            f"under load at {url}: no batch size ran {min_batches} times (batches per "
+            f"under load at {where}: no batch size ran {min_batches} times (batches per "
             f"padded size: {seen}; {failed} of {len(results)} requests failed): raise "
             "--seconds or lower --runs"
         )
     document = {
         "model": model.name,
-        "request_overhead_ms": overhead_quantiles(results, rates, seconds),
-        "measured": f"under load at {url}: {', '.join(f'{r:g}' for r in rates)} req/s, "
+        "request_overhead_ms": overhead_quantiles(results, rates, seconds, len(urls)),
+        "measured": f"under load at {where}: {', '.join(f'{r:g}' for r in rates)} req/s, "
         f"{seconds:g} s each",
+        "workers": len(urls),
         "requests": len(results),
         "failed": failed,
         "points": points,
