@@ -10,9 +10,10 @@ same seeded arrivals for every policy.
 
 The plan's latency model is a profile taken under load: the model's points per batch
 size (two `tidal profile` runs side by side, as both workers run it, the slower point per
-size) merged with a `tidal profile --under-load` run against a worker serving Poisson
-load (the slower of the two where both measured a size), which adds what a request waits
-outside the batcher at each rate (`request_overhead_ms`). The planner charges that
+size) merged with a `tidal profile --under-load` run against both workers serving
+Poisson load at a quarter, half and all of the replay's peak (the slower of the two
+where both measured a size), which adds what a request waits outside the batcher at
+each rate (`request_overhead_ms`). The planner charges that
 overhead against the SLO; `--warmup` is the profile's measured compile time per bucket.
 
 The replay's peak: what the profile serves within the SLO on two workers at a cap of 8,
@@ -190,7 +191,7 @@ def take_profile(redis_url: str, work: Path, share: float, ceiling: float) -> tu
     ]
     (work / "alone.json").write_text(json.dumps(merged))
     peak = size_peak(load_latency_table(work / "alone.json"), share, ceiling)
-    loaded = _under_load(redis_url, work, [peak / WORKERS * f for f in (0.25, 0.5, 1.0)])
+    loaded = _under_load(redis_url, work, [peak * share for share in (0.25, 0.5, 1.0)])
     merged["points"] = merge_points(merged["points"], loaded["points"])
     merged["request_overhead_ms"] = loaded["request_overhead_ms"]
     merged["source"] = "live_policies: 2 profiles side by side + 1 under load"
@@ -199,11 +200,13 @@ def take_profile(redis_url: str, work: Path, share: float, ceiling: float) -> tu
     return path, peak
 
 
-def _under_load(redis_url: str, work: Path, per_worker_rates: list[float]) -> dict[str, Any]:
+def _under_load(redis_url: str, work: Path, pool_rates: list[float]) -> dict[str, Any]:
+    """Both workers serving Poisson load at each of `pool_rates` together, as the
+    replay's balancer loads them (each records the rate per worker)."""
     out = work / "under-load.json"
     with workers(redis_url, "profile", work, "profile", "max_batch=32,timeout=10ms") as urls:
-        rates = ",".join(f"{r:.0f}" for r in per_worker_rates)
-        argv = ["profile", "--model", MODEL, "--under-load", urls[0], "--rates", rates]
+        rates = ",".join(f"{r:.0f}" for r in pool_rates)
+        argv = ["profile", "--model", MODEL, "--under-load", ",".join(urls), "--rates", rates]
         _run_tidal(*argv, "--seconds", "10", "--runs", "5", "--out", str(out))
     return json.loads(out.read_text())
 
