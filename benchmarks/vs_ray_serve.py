@@ -11,9 +11,9 @@ time, all on 127.0.0.1:
 - `tidal-predictive`: the same worker in a pool on a private redis-server, steered by
   `tidal controller --policy predictive` (its latency model: the model-alone profile at
   the same thread setting, below, with the time a request waits outside the batcher that
-  `tidal profile --under-load` measured against the static worker at a quarter, half,
-  three quarters and all of the static worker's sustained rate, which the planner
-  charges against the SLO);
+  `tidal profile --under-load` measured against the static worker at 20, 40, 60 and 80%
+  of its sustained rate, rates where the worker fell behind the profiler's own client
+  left out; the planner charges that time against the SLO);
 - `tidal-frontends1`: the same static worker with `--frontends 1` (HTTP and decoding in
   a front-end process, batches and the model in the model process);
 - `tidal-frontends1-instances2`: that worker with `--instances 2` (two batches in flight
@@ -596,8 +596,11 @@ def run_all(bench: Bench, work: Path) -> tuple[list[dict], dict[tuple[str, int],
     return alone, searches
 
 
-UNDER_LOAD_SHARES = (0.25, 0.5, 0.75, 1.0)
-"""The rates of the profile under load, as shares of the static worker's sustained rate."""
+UNDER_LOAD_SHARES = (0.2, 0.4, 0.6, 0.8)
+"""The rates of the profile under load, as shares of the static worker's sustained rate:
+`tidal profile --under-load` drives the worker with its own (httpx) client, which costs
+more CPU a request than this benchmark's raw one, so the worker saturates under it below
+its sustained rate here (at 0.75 of it, in a first run)."""
 
 
 def under_load_profile(threads: int, top_rps: float, slo_ms: float, work: Path) -> Path:
@@ -619,9 +622,21 @@ def under_load_profile(threads: int, top_rps: float, slo_ms: float, work: Path) 
             env=_threads_env(threads), check=True, stdout=subprocess.DEVNULL,
         )  # fmt: skip
     profile = json.loads((work / f"profile-{threads}.json").read_text())
-    profile["request_overhead_ms"] = json.loads(out.read_text())["request_overhead_ms"]
+    entries = json.loads(out.read_text())["request_overhead_ms"]
+    # A rate at which the worker fell behind the profiler measured its backlog, not the
+    # time outside the batcher: kept, it would tell the planner no config can serve there.
+    kept = [e for e in entries if e["p50"] <= slo_ms / 2]
+    for entry in entries:
+        print(
+            f"profile under load, {threads} threads, {entry['rate_rps']:g} req/s: overhead "
+            f"p50 {entry['p50']:.1f} ms, p99 {entry['p99']:.1f} ms"
+            + ("" if entry in kept else " (the worker fell behind the profiler: left out)"),
+            flush=True,
+        )
+    if not kept:
+        raise SystemExit(f"profile under load at {rates} req/s: the worker fell behind at each")
+    profile["request_overhead_ms"] = kept
     path.write_text(json.dumps(profile))
-    print(f"profile under load, {threads} threads, at {rates} req/s: {path}", flush=True)
     return path
 
 
