@@ -86,7 +86,6 @@ POLICIES = (
     "reactive",
     "static:max_batch=8,timeout=5ms",
     "static:max_batch=32,timeout=20ms",
-    "static:max_batch=128,timeout=40ms",
 )
 QUICK_POLICIES = (
     "predictive",
@@ -191,9 +190,15 @@ def take_profile(redis_url: str, work: Path, share: float, ceiling: float) -> tu
     ]
     (work / "alone.json").write_text(json.dumps(merged))
     peak = size_peak(load_latency_table(work / "alone.json"), share, ceiling)
-    loaded = _under_load(redis_url, work, [peak * share for share in (0.25, 0.5, 1.0)])
+    loaded = _under_load(redis_url, work, [peak * share for share in (0.25, 0.5, 0.75, 1.0)])
     merged["points"] = merge_points(merged["points"], loaded["points"])
-    merged["request_overhead_ms"] = loaded["request_overhead_ms"]
+    # A rate at which the workers fell behind the profiler's own client measured its
+    # backlog, not the time outside the batcher: kept, it would tell the planner that no
+    # config serves there.
+    kept = [e for e in loaded["request_overhead_ms"] if e["p50"] <= SLO_S * 1e3 / 2]
+    if not kept:
+        raise SystemExit("profile under load: the workers fell behind at every rate")
+    merged["request_overhead_ms"] = kept
     merged["source"] = "live_policies: 2 profiles side by side + 1 under load"
     path = work / "profile.json"
     path.write_text(json.dumps(merged, indent=2))
@@ -541,7 +546,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--policy", action="append", help=f"default: {', '.join(POLICIES)}")
     parser.add_argument("--peak-share", type=float, default=0.7)
-    parser.add_argument("--max-peak-rps", type=float, default=200.0)
+    parser.add_argument(
+        "--max-peak-rps",
+        type=float,
+        default=300.0,
+        help="the peak's ceiling (default 300: about what two workers, their HTTP layers "
+        "and the load generator serve on two cores; 400 overran them under any config)",
+    )
     parser.add_argument("--peak-rps", type=float, help="the replay's peak (default: sized)")
     parser.add_argument("--profile", type=Path, help="reuse a profile this benchmark wrote")
     parser.add_argument("--quick", action="store_true", help="one repeat of 4 policies")
