@@ -427,8 +427,8 @@ def simulated(policy: str, plan: Plan, live: dict[str, Any]) -> dict[str, Any]:
     result = simulate(trace, [built], settings, latency, processes=1).results[0]
     records = result.records
     assert records is not None
-    arrived = records[:, kernel.REC_ARRIVED_AT] - lead_in_s
-    worker = records[:, kernel.REC_COMPLETED_AT] - arrived
+    worker = records[:, kernel.REC_COMPLETED_AT] - records[:, kernel.REC_ARRIVED_AT]
+    arrived = records[:, kernel.REC_ARRIVED_AT] - lead_in_s  # from the replay's zero
     client = worker + records[:, kernel.REC_OVERHEAD]
     served = np.isfinite(worker)
     within = served & (client <= SLO_S)
