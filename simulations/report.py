@@ -84,6 +84,7 @@ def summary_dict(report: SimulationReport) -> dict[str, Any]:
         "tick_s": report.tick_s,
         "window_s": report.window_s,
         "policies": [policy_summary(r) for r in report.results],
+        **({"client_overhead": report.client_overhead} if report.client_overhead else {}),
         "notes": list(report_notes(report)),
     }
 
@@ -141,7 +142,8 @@ def format_table(report: SimulationReport) -> str:
     if clients:
         lines.append(
             "client columns: the worker's latency plus the time outside the batcher that the "
-            "profile measured under load, at each tick's rate (the latency the SLO is judged on)"
+            "profile measured under load, at each tick's rate (the latency the SLO is judged "
+            f"on); {report.client_overhead}"
         )
     lines.extend(f"note: {n}" for n in report_notes(report))
     return "\n".join(lines)

@@ -196,6 +196,9 @@ class SimulationReport:
     # The same where the replay runs on the trace's own clock (a trace with timestamps,
     # not time-scaled): plots show clock time then, hours since the start otherwise.
     clock_origin_s: float | None = None
+    # The overhead outside the batcher the client account adds, in words; None: no
+    # client account (the latency model carries no overhead).
+    client_overhead: str | None = None
 
 
 class _PolicyRun:
@@ -436,6 +439,7 @@ def simulate(
         workers=settings.pool.workers,
         slo_s=settings.pool.slo_s,
         latency_model=latency.describe(),
+        client_overhead=latency.overhead.describe() if latency.overhead else None,
         tick_s=settings.tick_s,
         window_s=settings.window_s,
         results=tuple(results),

@@ -171,15 +171,19 @@ def test_simulate_reports_what_clients_see_only_when_the_profile_measured_it(
         assert simulate_main([*args, *extra]) == 0
         return capsys.readouterr().out
 
-    policy = json.loads(run("--latency-model", profile, "--json"))["policies"][0]
+    summary = json.loads(run("--latency-model", profile, "--json"))
+    assert summary["client_overhead"].startswith("overhead outside the batcher: p99 30.0 ms")
+    policy = summary["policies"][0]
     assert policy["client_latency_ms"]["p50"] == pytest.approx(
         policy["latency_ms"]["p50"] + 30.0, rel=0.02
     )
     assert 0 <= policy["client_slo_attainment"] <= policy["slo_attainment"]
     table = run("--latency-model", profile)
     assert "client p99" in table and "client SLO %" in table
-    plain = json.loads(run("--latency-model", "linear:2,0.5", "--json"))["policies"][0]
+    plain_summary = json.loads(run("--latency-model", "linear:2,0.5", "--json"))
+    plain = plain_summary["policies"][0]
     assert "client_latency_ms" not in plain and "client_slo_attainment" not in plain
+    assert "client_overhead" not in plain_summary
     assert "client p99" not in run()
 
 
