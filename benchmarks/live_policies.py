@@ -26,7 +26,7 @@ sent and within the sales, p50/p99 of the client's latency, p99 of the worker's 
 sale and config changes; and the same policy simulated on the same arrivals with the same
 profile (its client account), beside it.
 
-    PYTHONPATH=. python benchmarks/live_policies.py                 # about 75 minutes
+    PYTHONPATH=. python benchmarks/live_policies.py                 # about 80 minutes
     PYTHONPATH=. python benchmarks/live_policies.py --quick         # one repeat, 4 policies
 
 Prints a table per repeat and a summary with the targets; the last line is one JSON
