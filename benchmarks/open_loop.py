@@ -1,10 +1,11 @@
 """An open-loop Poisson load on a lean HTTP/1.1 client, and the CPU it and the server cost.
 
 The server-comparison benchmarks run the client on the same two cores as the server, so
-every CPU-millisecond the client spends is taken from the server it measures. This client
-is a raw asyncio protocol: keep-alive connections reused from an idle stack, requests
-encoded once, arrivals fired by `loop.call_at` (no task or coroutine per request), the
-answer's status and `"batch_size"` read from its bytes without a JSON parse.
+every CPU-millisecond the client spends is taken from the server it measures. This load
+rides `server.tools.lean_http` (keep-alive connections reused from an idle stack,
+requests encoded once, answers parsed by httptools), arrivals fired by `loop.call_at`
+(no task or coroutine per request), the answer's `"batch_size"` read from its bytes
+without a JSON parse.
 
 Chosen by measurement (2 cores, one `tidal worker --model demo-cnn --config
 max_batch=16,timeout=10ms` at 2 torch threads, Poisson 100 req/s for 10 s, binary bodies,
@@ -32,9 +33,10 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 
 import numpy as np
+
+from server.tools.lean_http import Endpoint, PostRequest
 
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
@@ -79,105 +81,6 @@ class LoadRun:
         return [a for a in self.answers if start <= a.due_s < end]
 
 
-class Request:
-    """One POST, encoded once per payload: head and body in a single write."""
-
-    def __init__(self, url: str, payloads: list[bytes], content_type: str) -> None:
-        parts = urlsplit(url)
-        if parts.scheme != "http" or parts.hostname is None:
-            raise ValueError(f"url must be http://host:port/path, got {url!r}")
-        self.host, self.port = parts.hostname, parts.port or 80
-        head = (
-            f"POST {parts.path or '/'} HTTP/1.1\r\nHost: {parts.netloc}\r\n"
-            f"Content-Type: {content_type}\r\nContent-Length: {{}}\r\n\r\n"
-        )
-        self.encoded = [head.format(len(p)).encode() + p for p in payloads]
-
-
-class _Exchange(asyncio.Protocol):
-    """One keep-alive connection carrying one request at a time; `done(status, body)`
-    is called once per request (status -1 when the connection failed)."""
-
-    def __init__(self, on_idle: Callable[[_Exchange], None]) -> None:
-        self.on_idle = on_idle
-        self.transport: asyncio.Transport | None = None
-        self.buffer = bytearray()
-        self.done: Callable[[int, bytes], None] | None = None
-        self.closed = False
-
-    def connection_made(self, transport) -> None:
-        self.transport = transport
-
-    def send(self, data: bytes, done: Callable[[int, bytes], None]) -> None:
-        self.done = done
-        self.transport.write(data)
-
-    def data_received(self, data: bytes) -> None:
-        self.buffer += data
-        parsed = _parse_response(self.buffer)
-        if parsed is None:
-            return
-        status, body, used = parsed
-        del self.buffer[:used]
-        self._finish(status, body)
-        self.on_idle(self)
-
-    def connection_lost(self, exc) -> None:
-        self.closed = True
-        self._finish(-1, b"")
-
-    def abort(self) -> None:
-        if self.transport is not None:
-            self.transport.abort()
-
-    def _finish(self, status: int, body: bytes) -> None:
-        done, self.done = self.done, None
-        if done is not None:
-            done(status, body)
-
-
-def _parse_response(buffer: bytearray) -> tuple[int, bytes, int] | None:
-    """(status, body, bytes used) once a whole response is in `buffer`, else None.
-    Content-Length or chunked bodies: what uvicorn and Serve's proxy send."""
-    end = buffer.find(b"\r\n\r\n")
-    if end < 0:
-        return None
-    head = bytes(buffer[:end]).lower()
-    status = int(head[9:12])
-    start = end + 4
-    length = _content_length(head)
-    if length is not None:
-        if len(buffer) < start + length:
-            return None
-        return status, bytes(buffer[start : start + length]), start + length
-    if b"transfer-encoding: chunked" in head:
-        return _parse_chunked(buffer, status, start)
-    return status, b"", start  # no body declared (e.g. 204)
-
-
-def _content_length(head: bytes) -> int | None:
-    at = head.find(b"\r\ncontent-length:")
-    if at < 0:
-        return None
-    line_end = head.find(b"\r\n", at + 2)
-    return int(head[at + 17 : line_end if line_end >= 0 else len(head)])
-
-
-def _parse_chunked(buffer: bytearray, status: int, at: int) -> tuple[int, bytes, int] | None:
-    body = bytearray()
-    while True:
-        line_end = buffer.find(b"\r\n", at)
-        if line_end < 0:
-            return None
-        size = int(bytes(buffer[at:line_end]).split(b";")[0], 16)
-        if len(buffer) < line_end + 2 + size + 2:
-            return None
-        body += buffer[line_end + 2 : line_end + 2 + size]
-        at = line_end + 2 + size + 2
-        if size == 0:
-            return status, bytes(body), at
-
-
 def batch_size_of(body: bytes) -> int | None:
     """The `"batch_size"` a worker or replica reports in its answer's timing, read from
     the bytes (a JSON parse per answer costs the client more than the rest of its work)."""
@@ -214,7 +117,7 @@ class LoadSettings:
 
 
 def run_load(
-    request: Request,
+    request: PostRequest,
     rate_rps: float,
     settings: LoadSettings,
     seed: int,
@@ -235,11 +138,11 @@ def run_load(
 class _Load:
     """One run's event-loop state: the idle connections, what is in flight, the answers."""
 
-    def __init__(self, request: Request, settings: LoadSettings, rate_rps: float) -> None:
+    def __init__(self, request: PostRequest, settings: LoadSettings, rate_rps: float) -> None:
         self.request = request
         self.settings = settings
         self.rate_rps = rate_rps
-        self.idle: list[_Exchange] = []
+        self.endpoint = Endpoint(request.host, request.port)
         self.in_flight = 0
         self.answers: list[Answer] = []
         self.sent = 0
@@ -269,8 +172,7 @@ class _Load:
         deadline = self.loop.time() + self.settings.timeout_s + 1.0
         while len(self.answers) < expected and self.loop.time() < deadline:
             await asyncio.sleep(0.05)
-        for exchange in self.idle:
-            exchange.abort()
+        self.endpoint.close()
 
     def _arrive(self, due_s: float, started: float) -> None:
         lag_s = self.loop.time() - started - due_s
@@ -278,42 +180,15 @@ class _Load:
             self._record(Answer(due_s, lag_s, 0, 0.0, None))
             return
         self.in_flight += 1
-        data = self.request.encoded[self.sent % len(self.request.encoded)]
+        data = self.request.encode(self.sent)
         self.sent += 1
-        exchange = self._idle_exchange()
-        if exchange is None:
-            self.loop.create_task(self._connect_and_send(data, due_s, lag_s))
-        else:
-            self._send(exchange, data, due_s, lag_s)
-
-    def _idle_exchange(self) -> _Exchange | None:
-        while self.idle:
-            exchange = self.idle.pop()
-            if not exchange.closed:
-                return exchange
-        return None
-
-    async def _connect_and_send(self, data: bytes, due_s: float, lag_s: float) -> None:
         sent_at = time.perf_counter()
-        try:
-            _, exchange = await self.loop.create_connection(
-                lambda: _Exchange(self.idle.append), self.request.host, self.request.port
-            )
-        except OSError:
-            self._answered(Answer(due_s, lag_s, -1, time.perf_counter() - sent_at, None))
-            return
-        self._send(exchange, data, due_s, lag_s, sent_at)
-
-    def _send(self, exchange, data, due_s, lag_s, sent_at: float | None = None) -> None:
-        sent_at = time.perf_counter() if sent_at is None else sent_at
-        timer = self.loop.call_later(self.settings.timeout_s, exchange.abort)
 
         def done(status: int, body: bytes) -> None:
-            timer.cancel()
             size = batch_size_of(body) if status == 200 else None
             self._answered(Answer(due_s, lag_s, status, time.perf_counter() - sent_at, size))
 
-        exchange.send(data, done)
+        self.endpoint.post(data, done, self.settings.timeout_s)
 
     def _answered(self, answer: Answer) -> None:
         self.in_flight -= 1

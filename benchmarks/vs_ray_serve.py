@@ -82,7 +82,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from open_loop import (
     LoadRun,
     LoadSettings,
-    Request,
     cpu_by_label,
     cpu_snapshot,
     machine_busy_s,
@@ -91,6 +90,8 @@ from open_loop import (
 from processes import stop, wait_for
 from ray_cluster import demo_payloads, ray_serve_cluster
 from redis_server import RedisProcess, free_port
+
+from server.tools.lean_http import PostRequest
 
 RAY = "ray-serve"
 STATIC = "max_batch=16,timeout=10ms"
@@ -182,8 +183,8 @@ class Target:
     url: str
     probe: Callable[[], Probe]
 
-    def request(self) -> Request:
-        return Request(self.url, *_payloads())
+    def request(self) -> PostRequest:
+        return PostRequest(self.url, *_payloads())
 
 
 @functools.cache

@@ -26,11 +26,11 @@ workers share a machine shows its contention this way; one worker alone does not
 
 from __future__ import annotations
 
-import asyncio
 import collections
 
 import httpx
 import numpy as np
+import uvloop
 
 from server.tools.loadgen import RequestResult, encode_payloads, replay
 from server.worker.models import ServedModel
@@ -143,7 +143,7 @@ def profile_under_load(
     `urls` together, in turn."""
     payloads, content_type = encode_payloads(model, "binary")
     times = poisson_times(rates, seconds, seed)
-    results = asyncio.run(replay(urls, times, payloads, 2000, content_type))
+    results = uvloop.run(replay(urls, times, payloads, 2000, content_type))
     where = ", ".join(urls)
     failed = sum(r.status != 200 for r in results)
     by_size = batches_by_size(results)

@@ -1,0 +1,173 @@
+"""The load generator's own cost: CPU a request of `tidal loadgen`'s replay against
+httpx's, on the same arrivals to the same worker, side by side.
+
+The live benchmarks run the client on the two cores the workers use, so what the client
+spends is taken from the server it measures. One `tidal worker --model demo-ranker`
+(one torch thread, `max_batch=16,timeout=5ms`) serves; this process replays the same
+seeded Poisson arrivals at each rate with each client in turn, and reads its own CPU
+(every thread of this process, getrusage) and the worker's (/proc) over the replay:
+
+- `httpx`: the replay as it was (an `httpx.AsyncClient`, a task per request), kept here
+  as the baseline;
+- `lean`: `server.tools.loadgen.replay` (`server.tools.lean_http`), on asyncio's loop;
+- `lean+uvloop`: the same on uvloop's.
+
+    PYTHONPATH=. python benchmarks/loadgen_cost.py [--seconds 10] [--rates 100,200,400]
+
+Prints a table (client CPU ms a request, the worker's, p50/p99 the client saw, send lag
+p99, requests answered) and, last, one JSON object with every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import uvloop
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from open_loop import cpu_by_label, cpu_snapshot
+from processes import free_ports, stop, wait_for
+
+from server.tools.loadgen import RequestResult, encode_payloads, replay, summarise
+from server.worker.models import load_model
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL = "demo-ranker"
+CONFIG = "max_batch=16,timeout=5ms"
+
+
+async def httpx_replay(
+    url: str, times: np.ndarray, payloads: list[bytes], content_type: str
+) -> list[RequestResult]:
+    """The baseline: `tidal loadgen`'s replay before lean_http (httpx, a task a request)."""
+    results: list[RequestResult] = []
+    start = time.monotonic()
+    async with httpx.AsyncClient(timeout=60.0, limits=httpx.Limits(max_connections=1000)) as c:
+
+        async def send(i: int, scheduled: float) -> None:
+            sent = time.monotonic() - start
+            headers = {"content-type": content_type, "x-sent-at": f"{time.time():.6f}"}
+            try:
+                body = payloads[i % len(payloads)]
+                response = await c.post(f"{url}/v1/infer", content=body, headers=headers)
+                timing = response.json().get("timing", {}) if response.status_code == 200 else {}
+                status = response.status_code
+            except httpx.HTTPError:
+                timing, status = {}, -1
+            latency = time.monotonic() - start - sent
+            results.append(
+                RequestResult(
+                    scheduled, sent, status, latency, None, timing.get("batch_size"), None
+                )
+            )
+
+        tasks = []
+        for i, at in enumerate(times):
+            delay = at - (time.monotonic() - start)
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(send(i, float(at))))
+        await asyncio.gather(*tasks)
+    return results
+
+
+CLIENTS: dict[str, Callable[..., Coroutine[Any, Any, list[RequestResult]]]] = {
+    "httpx": httpx_replay,
+    "lean": lambda url, times, payloads, ct: replay(url, times, payloads, 1000, ct),
+    "lean+uvloop": lambda url, times, payloads, ct: replay(url, times, payloads, 1000, ct),
+}
+
+
+def _cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def measure(name: str, url: str, worker_pid: int, times: np.ndarray, payloads, ct) -> dict:
+    run = asyncio.run if name != "lean+uvloop" else uvloop.run
+    before, worker_before = _cpu_s(), cpu_snapshot(os.getpid(), {worker_pid: "worker"})
+    results = run(CLIENTS[name](url, times, payloads, ct))
+    client_s = _cpu_s() - before
+    worker_after = cpu_snapshot(os.getpid(), {worker_pid: "worker"})
+    worker_s = sum(cpu_by_label(worker_before, worker_after).values())
+    summary = summarise(results, float(times[-1]))
+    sent = max(summary["requests"], 1)
+    return {
+        "client": name,
+        "requests": summary["requests"],
+        "ok": summary["ok"],
+        "client_cpu_ms_per_request": round(client_s / sent * 1e3, 4),
+        "worker_cpu_ms_per_request": round(worker_s / sent * 1e3, 4),
+        "p50_ms": summary["latency_ms"]["p50"],
+        "p99_ms": summary["latency_ms"]["p99"],
+        "send_lag_p99_ms": summary["send_lag_p99_ms"],
+        "by_status": summary["by_status"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--rates", default="100,200,400")
+    args = parser.parse_args()
+    rates = [float(r) for r in args.rates.split(",")]
+    port = free_ports(1)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    argv = [sys.executable, "-m", "server.cli", "worker", "--model", MODEL, "--port", str(port)]
+    worker = subprocess.Popen(
+        [*argv, "--config", CONFIG],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    rows = []
+    try:
+        wait_for(
+            lambda: httpx.get(f"{url}/readyz", timeout=2).status_code == 200,
+            240,
+            "worker",
+            process=worker,
+        )
+        payloads, ct = encode_payloads(load_model(MODEL), "binary")
+        for rate in rates:
+            rng = np.random.default_rng(int(rate))
+            times = np.cumsum(rng.exponential(1.0 / rate, int(rate * args.seconds * 1.5)))
+            times = times[times < args.seconds]
+            for name in CLIENTS:
+                row = {"rate_rps": rate, **measure(name, url, worker.pid, times, payloads, ct)}
+                rows.append(row)
+                print(json.dumps(row), file=sys.stderr, flush=True)
+    finally:
+        stop(worker, 30)
+    header = (
+        f"{'rate':>6} {'client':12} {'sent':>6} {'ok':>6} {'client ms/req':>13} "
+        f"{'worker ms/req':>13} {'p50 ms':>8} {'p99 ms':>8} {'lag p99':>8}"
+    )
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        print(
+            f"{r['rate_rps']:>6.0f} {r['client']:12} {r['requests']:>6} {r['ok']:>6} "
+            f"{r['client_cpu_ms_per_request']:>13.3f} {r['worker_cpu_ms_per_request']:>13.3f} "
+            f"{r['p50_ms']:>8.1f} {r['p99_ms']:>8.1f} {r['send_lag_p99_ms']:>8.1f}"
+        )
+    print(json.dumps({"model": MODEL, "config": CONFIG, "seconds": args.seconds, "runs": rows}))
+
+
+if __name__ == "__main__":
+    main()
