@@ -230,3 +230,14 @@ def test_a_cancelled_replay_sends_nothing_more():
         return sent
 
     assert 3 <= asyncio.run(run()) <= 15
+
+
+def test_a_replay_runs_with_the_collector_paused_and_the_heap_before_it_frozen():
+    import gc
+
+    from server.tools.loadgen import collector_paused
+
+    assert gc.isenabled()
+    with collector_paused():
+        assert not gc.isenabled() and gc.get_freeze_count() > 0
+    assert gc.isenabled() and gc.get_freeze_count() == 0

@@ -825,3 +825,18 @@ def test_a_bucket_compiles_as_the_model_says_unless_the_flag_says_otherwise(comm
         assert compile_choice(given[()], model) is default
         assert compile_choice(given[("--compile",)], model) is True
         assert compile_choice(given[("--no-compile",)], model) is False
+
+
+def test_a_threaded_warm_up_freezes_what_it_built_out_of_the_collectors_way():
+    import gc
+
+    from server.worker.runner import ThreadedExecution
+
+    execution = ThreadedExecution(EchoRunner())
+    gc.unfreeze()
+    try:
+        assert asyncio.run(execution.warm(4)) == 0.001
+        assert gc.get_freeze_count() > 0  # full collections skip the compiled heap
+    finally:
+        gc.unfreeze()
+        execution.close()

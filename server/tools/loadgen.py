@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import csv
+import gc
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import astuple, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -98,6 +100,25 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     loadgen.add_argument("--out", type=Path, help="per-request CSV")
     loadgen.add_argument("--json", action="store_true", help="print only the summary JSON")
     loadgen.set_defaults(handler=run_loadgen)
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """No cyclic garbage collection while a replay runs in this process, and what was
+    built before it (torch, the model, the arrivals) frozen out of the collector's way.
+    A full collection walked that heap, and the results as they grew, for 50-90 ms at a
+    time in the middle of a replay (docs/benchmarks.md): every answer in flight then read
+    late. A replay's own garbage is freed by reference counting; whatever cycles it left
+    are collected once it ends."""
+    gc.freeze()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+        if was_enabled:
+            gc.enable()
 
 
 def parse_targets(text: str) -> list[str]:
@@ -314,7 +335,8 @@ def run_loadgen(args: argparse.Namespace) -> int:
     if args.start_at is not None:
         time.sleep(max(0.0, args.start_at - time.time()))
     # uvloop: about a sixth less CPU a request than asyncio's own loop (docs/benchmarks.md).
-    results = uvloop.run(replay(targets, times, payloads, args.max_in_flight, content_type))
+    with collector_paused():
+        results = uvloop.run(replay(targets, times, payloads, args.max_in_flight, content_type))
     span_s = float(times[-1]) if times.size > 1 else 1.0
     summary = {"target": args.target, "trace": str(args.trace), **summarise(results, span_s)}
     if args.out is not None:

@@ -32,7 +32,7 @@ import httpx
 import numpy as np
 import uvloop
 
-from server.tools.loadgen import RequestResult, encode_payloads, replay
+from server.tools.loadgen import RequestResult, collector_paused, encode_payloads, replay
 from server.worker.models import ServedModel
 from tidal_base.errors import InvalidInput
 
@@ -143,7 +143,8 @@ def profile_under_load(
     `urls` together, in turn."""
     payloads, content_type = encode_payloads(model, "binary")
     times = poisson_times(rates, seconds, seed)
-    results = uvloop.run(replay(urls, times, payloads, 2000, content_type))
+    with collector_paused():
+        results = uvloop.run(replay(urls, times, payloads, 2000, content_type))
     where = ", ".join(urls)
     failed = sum(r.status != 200 for r in results)
     by_size = batches_by_size(results)

@@ -14,6 +14,7 @@ the event loop's clock, so the shell can be tested in virtual time at exact inst
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -94,7 +95,16 @@ class ThreadedExecution:
 
     async def warm(self, size: int) -> float:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._warm_ups, self.runner.warm, size)
+        return await loop.run_in_executor(self._warm_ups, self._warm_then_freeze, size)
+
+    def _warm_then_freeze(self, size: int) -> float:
+        seconds = self.runner.warm(size)
+        # What a warm-up builds (torch.compile's graphs and caches: a heap of objects)
+        # lives as long as the process. Left in the collector's generations, every full
+        # collection walked it: 100-200 ms pauses of a compiled demo-ranker worker,
+        # several a minute under load (docs/benchmarks.md). Frozen, collections skip it.
+        gc.freeze()
+        return seconds
 
     def close(self) -> None:
         self._batches.shutdown(wait=True)
