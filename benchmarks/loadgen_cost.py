@@ -25,8 +25,8 @@ import asyncio
 import json
 import os
 import resource
-import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -36,15 +36,13 @@ import httpx
 import numpy as np
 import uvloop
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import tidal_workers, torch_threads_env
 from open_loop import cpu_by_label, cpu_snapshot
-from processes import free_ports, stop, wait_for
 
 from server.tools.loadgen import RequestResult, encode_payloads, replay, summarise
 from server.worker.models import load_model
 
-ROOT = Path(__file__).resolve().parent.parent
 MODEL = "demo-ranker"
 CONFIG = "max_batch=16,timeout=5ms"
 
@@ -96,12 +94,14 @@ def _cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def measure(name: str, url: str, worker_pid: int, times: np.ndarray, payloads, ct) -> dict:
+def measure(name: str, url: str, times: np.ndarray, payloads, ct) -> dict:
+    """One client's replay of `times`: its CPU (this process) and the worker's (every
+    process below this one) over it, a request each, and what the client saw."""
     run = asyncio.run if name != "lean+uvloop" else uvloop.run
-    before, worker_before = _cpu_s(), cpu_snapshot(os.getpid(), {worker_pid: "worker"})
+    before, worker_before = _cpu_s(), cpu_snapshot(os.getpid(), {})
     results = run(CLIENTS[name](url, times, payloads, ct))
     client_s = _cpu_s() - before
-    worker_after = cpu_snapshot(os.getpid(), {worker_pid: "worker"})
+    worker_after = cpu_snapshot(os.getpid(), {})
     worker_s = sum(cpu_by_label(worker_before, worker_after).values())
     summary = summarise(results, float(times[-1]))
     sent = max(summary["requests"], 1)
@@ -124,36 +124,19 @@ def main() -> None:
     parser.add_argument("--rates", default="100,200,400")
     args = parser.parse_args()
     rates = [float(r) for r in args.rates.split(",")]
-    port = free_ports(1)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    argv = [sys.executable, "-m", "server.cli", "worker", "--model", MODEL, "--port", str(port)]
-    worker = subprocess.Popen(
-        [*argv, "--config", CONFIG],
-        env=env,
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
     rows = []
-    try:
-        wait_for(
-            lambda: httpx.get(f"{url}/readyz", timeout=2).status_code == 200,
-            240,
-            "worker",
-            process=worker,
-        )
+    env = torch_threads_env(1)
+    argv = ["--model", MODEL, "--config", CONFIG]
+    with tidal_workers(argv, 1, env, Path(tempfile.mkdtemp(prefix="tidal-lc-"))) as (url,):
         payloads, ct = encode_payloads(load_model(MODEL), "binary")
         for rate in rates:
             rng = np.random.default_rng(int(rate))
             times = np.cumsum(rng.exponential(1.0 / rate, int(rate * args.seconds * 1.5)))
             times = times[times < args.seconds]
             for name in CLIENTS:
-                row = {"rate_rps": rate, **measure(name, url, worker.pid, times, payloads, ct)}
+                row = {"rate_rps": rate, **measure(name, url, times, payloads, ct)}
                 rows.append(row)
                 print(json.dumps(row), file=sys.stderr, flush=True)
-    finally:
-        stop(worker, 30)
     header = (
         f"{'rate':>6} {'client':12} {'sent':>6} {'ok':>6} {'client ms/req':>13} "
         f"{'worker ms/req':>13} {'p50 ms':>8} {'p99 ms':>8} {'lag p99':>8}"

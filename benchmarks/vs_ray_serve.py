@@ -92,6 +92,7 @@ from ray_cluster import demo_payloads, ray_serve_cluster
 from redis_server import RedisProcess, free_port
 
 from server.tools.lean_http import PostRequest
+from server.tools.processes import torch_threads_env
 
 RAY = "ray-serve"
 STATIC = "max_batch=16,timeout=10ms"
@@ -285,7 +286,7 @@ def controller_command(redis_url: str, port: int, profile: Path, slo_ms: float) 
 def tidal_up(variant: WorkerVariant, threads: int, profile: Path | None, slo_ms: float, work: Path):
     """The worker (and, steered, Redis and the controller planning on `profile`), ready;
     yields its target."""
-    env = {**_threads_env(threads), "TIDAL_API_TOKEN": secrets.token_hex(16)}
+    env = {**torch_threads_env(threads), "TIDAL_API_TOKEN": secrets.token_hex(16)}
     labels: dict[int, str] = {}
     with contextlib.ExitStack() as stack:
         redis_url = controller = None
@@ -305,10 +306,6 @@ def tidal_up(variant: WorkerVariant, threads: int, profile: Path | None, slo_ms:
             wait_for(lambda: _get(controller, pool).json()["workers_alive"] == 1, 60, "the pool")
         base = _url(worker)
         yield Target(f"{base}/v1/infer", lambda: _tidal_probe(base, labels))
-
-
-def _threads_env(threads: int) -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
 
 
 @contextlib.contextmanager
@@ -567,7 +564,7 @@ def model_alone(threads: int, runs: int, work: Path) -> dict:
     subprocess.run(
         [sys.executable, "-m", "server.cli", "profile", "--model", "demo-cnn",
          "--batch-sizes", "1,2,4,8,16,32,64", "--runs", str(runs), "--out", str(out)],
-        env=_threads_env(threads), check=True, stdout=subprocess.DEVNULL,
+        env=torch_threads_env(threads), check=True, stdout=subprocess.DEVNULL,
     )  # fmt: skip
     points = json.loads(out.read_text())["points"]
     best = max(points, key=lambda p: p["batch_size"] / p["mean_ms"])
@@ -620,7 +617,7 @@ def under_load_profile(threads: int, top_rps: float, slo_ms: float, work: Path) 
             [sys.executable, "-m", "server.cli", "profile", "--model", "demo-cnn",
              "--under-load", base, "--rates", rates, "--seconds", "8", "--runs", "3",
              "--out", str(out)],
-            env=_threads_env(threads), check=True, stdout=subprocess.DEVNULL,
+            env=torch_threads_env(threads), check=True, stdout=subprocess.DEVNULL,
         )  # fmt: skip
     profile = json.loads((work / f"profile-{threads}.json").read_text())
     entries = json.loads(out.read_text())["request_overhead_ms"]

@@ -108,3 +108,12 @@ def test_every_flag_says_what_it_is_for():
 
     commands = [entry.name for entry in COMMANDS if entry.name != "demo"]
     assert [flag for name in commands for flag in silent(build_parser(name))] == []
+
+
+@pytest.mark.parametrize("target", ["https://127.0.0.1:8001", "127.0.0.1:8001", " , "])
+def test_a_load_generator_target_that_is_not_an_http_url_is_refused_first(capsys, tmp_path, target):
+    """Before the trace is read or the model loaded: the trace named does not exist."""
+    argv = ["loadgen", "--trace", str(tmp_path / "absent.csv"), "--target", target]
+    assert main(argv) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("tidal: error: --target: expected ") and error.count("\n") == 1

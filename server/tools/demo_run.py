@@ -39,6 +39,7 @@ from server.tools.demo import (
     REQUESTS_PER_FREE_CORE,
     WORKERS,
 )
+from server.tools.processes import torch_threads_env
 from simulations.calibration import performance_table
 from simulations.traces import Trace, load_trace
 from tidal_base.errors import InvalidInput
@@ -258,7 +259,7 @@ def _start_profile(model: str, out: Path, threads: int) -> subprocess.Popen:
             "--no-compile",
         ],
         stdout=subprocess.DEVNULL,
-        env=_threads_env(threads),
+        env=torch_threads_env(threads),
     )  # fmt: skip
 
 
@@ -279,11 +280,6 @@ def slowest_profile(documents: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return {**first, "points": points, "source": f"{len(documents)} profiles side by side"}
 
 
-def _threads_env(threads: int) -> dict[str, str]:
-    # torch sizes its intra-op pool from OMP_NUM_THREADS at start.
-    return {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-
-
 def _start_controller(args: argparse.Namespace, sizing: Sizing, work: Path) -> subprocess.Popen:
     log = (work / "controller.log").open("w")
     return subprocess.Popen(
@@ -297,7 +293,7 @@ def _start_controller(args: argparse.Namespace, sizing: Sizing, work: Path) -> s
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
-        env=_threads_env(sizing.threads_per_worker),
+        env=torch_threads_env(sizing.threads_per_worker),
     )  # fmt: skip
 
 
@@ -337,7 +333,7 @@ def _replay(
     done = subprocess.run(
         [sys.executable, "-m", "server.cli", *replay],
         stdout=subprocess.DEVNULL,
-        env=_threads_env(1),
+        env=torch_threads_env(1),
         check=False,
     )
     if done.returncode != 0:
