@@ -34,10 +34,12 @@ PEAK_SHARE = 0.5
 """The replay's peak as a share of what the profile serves within the SLO: the rest is
 for what the profile does not see (HTTP, the controller, the load generator)."""
 REQUESTS_PER_FREE_CORE = 100.0
-"""The replay's peak per core left idle by other work: outside the model, a request costs
-about 5 ms of CPU here (the load generator's httpx client 3 ms, measured at 300 req/s on
-94% of a core; the controller process's HTTP, which hosts both workers, 1.7 ms), so a
-free core carries about 200 req/s of it; half of that, for headroom."""
+"""The replay's peak per core left idle by other work. Set when a request cost about 5 ms
+of CPU outside the model here (the load generator's httpx client 3 ms, measured at 300
+req/s on 94% of a core; the controller process's HTTP, which hosts both workers on one
+event loop, 1.7 ms): a free core carried about 200 req/s of it; half of that, for
+headroom. The load generator now costs about 0.2 ms a request (server.tools.lean_http),
+so this is conservative; a higher value is not yet measured with the demo."""
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
