@@ -82,11 +82,16 @@ async def httpx_replay(
     return results
 
 
-CLIENTS: dict[str, Callable[..., Coroutine[Any, Any, list[RequestResult]]]] = {
-    "httpx": httpx_replay,
-    "lean": lambda url, times, payloads, ct: replay(url, times, payloads, 1000, ct),
-    "lean+uvloop": lambda url, times, payloads, ct: replay(url, times, payloads, 1000, ct),
+def _lean(url, times, payloads, ct):
+    return replay(url, times, payloads, 1000, ct)
+
+
+CLIENTS: dict[str, tuple[Callable[..., Coroutine[Any, Any, list[RequestResult]]], Callable]] = {
+    "httpx": (httpx_replay, asyncio.run),
+    "lean": (_lean, asyncio.run),
+    "lean+uvloop": (_lean, uvloop.run),
 }
+"""Each client: its replay and the event loop it runs on."""
 
 
 def _cpu_s() -> float:
@@ -97,9 +102,9 @@ def _cpu_s() -> float:
 def measure(name: str, url: str, times: np.ndarray, payloads, ct) -> dict:
     """One client's replay of `times`: its CPU (this process) and the worker's (every
     process below this one) over it, a request each, and what the client saw."""
-    run = asyncio.run if name != "lean+uvloop" else uvloop.run
+    client, run = CLIENTS[name]
     before, worker_before = _cpu_s(), cpu_snapshot(os.getpid(), {})
-    results = run(CLIENTS[name](url, times, payloads, ct))
+    results = run(client(url, times, payloads, ct))
     client_s = _cpu_s() - before
     worker_after = cpu_snapshot(os.getpid(), {})
     worker_s = sum(cpu_by_label(worker_before, worker_after).values())

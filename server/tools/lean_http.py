@@ -3,8 +3,8 @@ server they measure.
 
 Tidal's load generators run on the same machine as the workers they drive, so every
 CPU-millisecond the client spends is taken from the server it measures. httpx costs
-about 1.2 ms of CPU a request here (a task, a coroutine chain and a response object per
-request); this path costs about a sixth of that (docs/benchmarks.md, "The load
+1.3-7.1 ms of CPU a request here (a task, a coroutine chain and a response object per
+request, more as the load rises); this path 0.13-0.28 ms (docs/benchmarks.md, "The load
 generator's cost"): a request is one write of bytes encoded up front, its answer is
 parsed by httptools (llhttp, the C parser uvicorn serves with), and a connection carries
 one request at a time and then returns to its target's idle stack.

@@ -169,7 +169,7 @@ async def replay(
 ) -> list[RequestResult]:
     """Send one request per arrival time (seconds from now), to the targets in turn;
     returns one result each, in arrival order. Requests go over `server.tools.lean_http`
-    (about a sixth of httpx's CPU a request), so the client takes little of the cores it
+    (a fifth or less of httpx's CPU a request), so the client takes little of the cores it
     shares with the workers it measures."""
     targets = [target] if isinstance(target, str) else list(target)
     urls = [f"{t.rstrip('/')}/v1/infer" for t in targets]
