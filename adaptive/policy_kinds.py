@@ -196,6 +196,17 @@ POLICY_KINDS: dict[str, PolicyKind] = {
                 _span("window"),
             ),
         ),
+        PolicyKind(
+            "dynamo-planner",
+            "NVIDIA Dynamo's SLA planner: replicas every interval from a load prediction and "
+            "the profile, over one static config",
+            (
+                _cap("max_batch"),
+                _TIMEOUT,
+                PolicyOption("predictor", WORD, words=("constant", "arima", "kalman")),
+                _span("interval"),
+            ),
+        ),
     )
 }
 """Every policy kind the registry builds (a test checks the two agree)."""

@@ -15,11 +15,13 @@ from adaptive.aimd import AimdPolicy
 from adaptive.autoscalers import HpaPolicy, ServeAutoscalerPolicy
 from adaptive.capacity import JointPolicy
 from adaptive.config import BatchConfig
+from adaptive.dynamo_planner import DYNAMO_INTERVAL_S, DynamoPlannerPolicy
 from adaptive.optimizer import ConfigOptimizer, PerformanceTable
 from adaptive.policy import Policy, StaticPolicy
 from adaptive.policy_kinds import POLICY_KINDS
 from adaptive.predictive import PredictivePolicy
 from adaptive.reactive import ReactivePolicy
+from forecaster.interval_predictors import build_interval_predictor
 from forecaster.known import KnownFuture
 from forecaster.registry import build_forecaster
 from forecaster.series import RateSeries
@@ -123,6 +125,24 @@ def _hpa(spec: PolicySpec, context: PolicyContext) -> Policy:
     )
 
 
+def _dynamo_planner(spec: PolicySpec, context: PolicyContext) -> Policy:
+    config = BatchConfig(option_int(spec, "max_batch", 32), option_duration(spec, "timeout", 0.01))
+    interval_s = option_duration(spec, "interval", DYNAMO_INTERVAL_S)
+    predictor_name = spec.options.get("predictor", "arima")  # Dynamo's default
+    predictor = built(spec, lambda: build_interval_predictor(predictor_name))
+    if context.replica_table is None:
+        raise InvalidInput(
+            f"policy {spec.text!r} plans replicas: give the fleet room to scale (--max-replicas)"
+        )
+    slo_s = context.slo_s
+    # Dynamo sizes at its latency target itself: the profile's throughput at the SLO.
+    optimizer = ConfigOptimizer(context.replica_table(slo_s), slo_s, margin=1.0)
+    return built(
+        spec,
+        lambda: DynamoPlannerPolicy(config, optimizer, predictor, interval_s, spec_text=spec.text),
+    )
+
+
 def _optimizer(
     spec: PolicySpec, context: PolicyContext, table: TableProvider | None
 ) -> ConfigOptimizer:
@@ -202,6 +222,7 @@ POLICY_FACTORIES: dict[str, PolicyFactory] = {  # their options: adaptive.policy
     "oracle": _oracle,
     "serve-autoscaler": _serve_autoscaler,
     "hpa": _hpa,
+    "dynamo-planner": _dynamo_planner,
 }
 
 

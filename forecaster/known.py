@@ -7,7 +7,8 @@ against. It exists only where the future is on file, which is to say in simulati
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -25,7 +26,14 @@ class KnownFuture:
 
     def fit(self, series: RateSeries) -> FittedKnownFuture:
         end = series.start_s + len(series) * series.step_s
-        return FittedKnownFuture(self.name, self.truth, StepClock(end, series.step_s, end))
+        clock = StepClock(end, series.step_s, end)
+        return FittedKnownFuture(self.name, self.truth, clock, self.cumulative)
+
+    @cached_property
+    def cumulative(self) -> np.ndarray:
+        """The truth's running count from its start, once per oracle rather than once per
+        prediction (summing a long trace on every tick made a day's oracle quadratic)."""
+        return np.concatenate(([0.0], np.cumsum(self.truth.counts)))
 
 
 @dataclass
@@ -33,6 +41,7 @@ class FittedKnownFuture:
     name: str
     truth: RateSeries
     clock: StepClock
+    cumulative: np.ndarray = field(repr=False)
 
     def update(self, values: np.ndarray) -> None:
         self.clock.advance(len(values))
@@ -41,8 +50,10 @@ class FittedKnownFuture:
         times = self.clock.ahead(steps)
         # Truth at the feed's step: sum the truth's own steps that fall in each one.
         edges = np.append(times, times[-1] + self.clock.step_s) if steps else times
-        cumulative = np.concatenate(([0.0], np.cumsum(self.truth.counts)))
+        cumulative = self.cumulative
         positions = np.clip((edges - self.truth.start_s) / self.truth.step_s, 0, len(self.truth))
-        at = np.interp(positions, np.arange(cumulative.size), cumulative)
+        # On an integer grid, interpolation is the floor's value plus the fraction's share.
+        whole = np.minimum(positions.astype(np.int64), cumulative.size - 2)
+        at = cumulative[whole] + (positions - whole) * (cumulative[whole + 1] - cumulative[whole])
         mean = np.diff(at)
         return self.clock.forecast(mean, np.zeros_like(mean), level, self.name, None)

@@ -155,6 +155,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="trace format (default: detected from the header)",
     )
     source.add_argument(
+        "--function",
+        metavar="HASH",
+        help="an Azure Functions trace: replay this function's row (its HashFunction); "
+        "default: every function's invocations summed",
+    )
+    source.add_argument(
         "--time-scale",
         type=positive_float_arg,
         default=1.0,
@@ -492,6 +498,8 @@ def _load(args: argparse.Namespace) -> Trace:
     from simulations.traces import CountTrace, TraceFormat, load_trace
 
     if args.trace is None:
+        if args.function is not None:
+            raise InvalidInput("--function picks a row of an Azure Functions --trace: give one")
         day = generate_promo_day(PromoDaySpec())
         return CountTrace(
             "promo-day (built-in)",
@@ -501,7 +509,11 @@ def _load(args: argparse.Namespace) -> Trace:
             args.rate_scale,
         )
     return load_trace(
-        args.trace, TraceFormat(args.format), time_scale=args.time_scale, rate_scale=args.rate_scale
+        args.trace,
+        TraceFormat(args.format),
+        time_scale=args.time_scale,
+        rate_scale=args.rate_scale,
+        function=args.function,
     )
 
 

@@ -42,6 +42,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         default="auto",
         help="trace format (default: detected from the header)",
     )
+    bt.add_argument(
+        "--function",
+        metavar="HASH",
+        help="an Azure Functions trace: replay this function's row (its HashFunction); "
+        "default: every function's invocations summed",
+    )
     bt.add_argument("--step", default="1m", help="series step (default 1m)")
     bt.add_argument("--horizon", default="10m", help="how far ahead (default 10m)")
     bt.add_argument(
@@ -84,7 +90,7 @@ def run_backtest(args: argparse.Namespace) -> int:
     step_s = parse_duration_s(args.step, field="step")
     if not 0 < args.level < 1:
         raise InvalidInput(f"level must be in (0, 1), got {args.level}")
-    trace = load_trace(args.trace, TraceFormat(args.format))
+    trace = load_trace(args.trace, TraceFormat(args.format), function=args.function)
     series = series_from_trace(trace, step_s)
     settings = _settings(args, series)
     events = load_events(args.events) if args.events else ()

@@ -1,15 +1,17 @@
-"""Load recorded traffic: request-level and count-level CSV traces.
+"""Load recorded traffic: request-level and count-level traces.
 
 - Request-level: one row a request, with a timestamp column (`timestamp`, `time`,
   `arrival`, ... any case) holding float seconds or ISO-8601 date-times, such as the
-  public Azure LLM inference trace's `TIMESTAMP`. Other columns are ignored for now.
+  public Azure LLM inference trace's `TIMESTAMP` or BurstGPT's `Timestamp`; their token
+  columns are kept beside the arrivals. Mooncake's JSON lines are request-level too.
 - Count-level: `timestamp,count` (or `rate` in req/s, or `value` as in the Numenta
-  traces) per fixed interval; arrivals inside each interval form a Poisson process.
+  traces) per fixed interval, or the Azure Functions 2019 per-minute invocation counts;
+  arrivals inside each interval form a Poisson process.
 
-The format is detected from the header. Time is re-based so the first row is t = 0;
-the first row's wall-clock time is kept as `origin` for labels and for aligning
-operator-declared events. Arrivals are produced in chunks (`arrival_chunks`), so a
-simulation's memory does not grow with the trace's length.
+The format is detected from the header (the field's formats: `simulations.trace_formats`).
+Time is re-based so the first row is t = 0; the first row's wall-clock time is kept as
+`origin` for labels and for aligning operator-declared events. Arrivals are produced in
+chunks (`arrival_chunks`), so a simulation's memory does not grow with the trace's length.
 """
 
 from __future__ import annotations
@@ -29,6 +31,16 @@ import pandas as pd
 
 from simulations.errors import TraceError
 from simulations.kernel import spread_poisson_pieces
+from simulations.trace_formats import (
+    RequestTokens,
+    is_functions_header,
+    is_json_lines,
+    read_functions,
+    read_header,
+    read_mooncake,
+    read_tokens,
+    token_columns,
+)
 
 TIMESTAMP_COLUMNS = ("timestamp", "time", "ts", "arrival", "arrival_s", "arrived_at", "date")
 COUNT_COLUMNS = ("count", "requests", "value")
@@ -70,6 +82,7 @@ class RequestTrace:
     origin: datetime | None = None
     rate_scale: float = 1.0
     notes: tuple[str, ...] = ()
+    tokens: RequestTokens | None = None  # per recorded request, in arrival order
 
     @property
     def duration_s(self) -> float:
@@ -162,11 +175,30 @@ def load_trace(
     *,
     time_scale: float = 1.0,
     rate_scale: float = 1.0,
+    function: str | None = None,
 ) -> RequestTrace | CountTrace:
-    """Read a CSV trace; raises TraceError naming the file (and line) on bad input."""
+    """Read a trace; raises TraceError naming the file (and line) on bad input.
+    `function` picks one function's row of an Azure Functions trace (else their sum)."""
     path = Path(path)
     if time_scale <= 0 or rate_scale <= 0:
         raise TraceError(f"{path}: time scale and rate scale must be > 0")
+    if not path.exists():
+        raise TraceError(f"{path}: no such trace file")
+    functions = is_functions_header(read_header(path))
+    if function is not None and not functions:
+        raise TraceError(
+            f"{path}: a function was chosen, but this is not an Azure Functions trace "
+            "(HashOwner,HashApp,HashFunction,Trigger,1..1440)"
+        )
+    if is_json_lines(path) and path.is_file():
+        _refuse_forced(path, fmt, TraceFormat.REQUESTS, "Mooncake JSON lines (request-level)")
+        seconds, tokens = read_mooncake(path)
+        return _request_trace_from(path, seconds, None, tokens, time_scale, rate_scale)
+    if functions:
+        _refuse_forced(path, fmt, TraceFormat.COUNTS, "Azure Functions counts (count-level)")
+        counts, which = read_functions(path, function)
+        name = f"{path.name} ({which})"
+        return CountTrace(name, 60.0 / time_scale, counts, None, rate_scale)
     table = _read_table(path)
     timestamp_col = _find_column(table, TIMESTAMP_COLUMNS)
     value_col = _find_column(table, COUNT_COLUMNS + RATE_COLUMNS)
@@ -194,6 +226,11 @@ def load_trace(
             )
         return _count_trace(path, table, timestamp_col, value_col, time_scale, rate_scale)
     return _request_trace(path, table, timestamp_col, time_scale, rate_scale)
+
+
+def _refuse_forced(path: Path, fmt: TraceFormat, reads_as: TraceFormat, what: str) -> None:
+    if fmt not in (TraceFormat.AUTO, reads_as):
+        raise TraceError(f"{path}: format {fmt.value!r} was forced, but this is {what}")
 
 
 def _read_table(path: Path) -> pd.DataFrame:
@@ -297,17 +334,32 @@ def _request_trace(
     path: Path, table: pd.DataFrame, column: str, time_scale: float, rate_scale: float
 ) -> RequestTrace:
     seconds, origin = _parse_timestamps(path, table, column)
+    columns = token_columns(table)
+    tokens = None if columns is None else read_tokens(path, table, columns)
+    return _request_trace_from(path, seconds, origin, tokens, time_scale, rate_scale)
+
+
+def _request_trace_from(
+    path: Path,
+    seconds: np.ndarray,
+    origin: datetime | None,
+    tokens: RequestTokens | None,
+    time_scale: float,
+    rate_scale: float,
+) -> RequestTrace:
     notes: list[str] = []
     if np.any(np.diff(seconds) < 0):
         notes.append(f"{path}: request timestamps were not sorted; sorted them")
-        seconds = np.sort(seconds)
+        order = np.argsort(seconds, kind="stable")
+        seconds = seconds[order]
+        tokens = None if tokens is None else tokens.sorted_by(order)
     seconds = (seconds - seconds[0]) / time_scale
     if seconds[-1] <= 0:
         raise TraceError(
             f"{path}: {seconds.size} request(s), all at one instant: a replay needs "
             "arrivals spread over time (at least two timestamps)"
         )
-    return RequestTrace(path.name, seconds, origin, rate_scale, tuple(notes))
+    return RequestTrace(path.name, seconds, origin, rate_scale, tuple(notes), tokens)
 
 
 def _count_trace(

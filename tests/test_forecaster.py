@@ -2,10 +2,11 @@ import json
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from forecaster.events import Event, EventAware
+from forecaster.known import KnownFuture
 from forecaster.models import SeasonalNaive
 from forecaster.registry import build_forecaster
 from forecaster.series import RateSeries, resample_arrivals, resample_counts
@@ -230,3 +231,30 @@ def test_backtest_bad_input_exits_2(tmp_path, capsys, extra, message):
     assert tidal(["forecast", "backtest", "--trace", str(trace), *extra]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    counts=st.lists(st.integers(0, 1000), min_size=1, max_size=60),
+    truth_step=st.sampled_from([1.0, 5.0, 60.0]),
+    feed_step=st.sampled_from([1.0, 2.5, 10.0, 300.0]),
+    seen=st.integers(0, 80),
+    steps=st.integers(0, 12),
+)
+def test_the_oracle_predicts_the_truth_summed_over_each_step(
+    counts, truth_step, feed_step, seen, steps
+):
+    """Each predicted step holds exactly the truth's requests within it (a truth step cut
+    by a feed step's edge shared in proportion), and nothing past the truth's end."""
+    truth = RateSeries(0.0, truth_step, np.asarray(counts, dtype=np.float64))
+    fitted = KnownFuture(truth).fit(RateSeries(0.0, feed_step, np.zeros(seen)))
+    forecast = fitted.predict(steps)
+    fine = np.repeat(truth.counts / 100, 100)  # the truth spread evenly at 1/100 of a step
+    fine_edges = truth_step / 100 * np.arange(fine.size + 1)
+    for start, predicted in zip(forecast.times_s, forecast.mean, strict=True):
+        inside = np.clip(
+            np.minimum(fine_edges[1:], start + feed_step) - np.maximum(fine_edges[:-1], start),
+            0,
+            truth_step / 100,
+        )
+        assert predicted == pytest.approx(float(fine @ inside) / (truth_step / 100), abs=1e-6)
