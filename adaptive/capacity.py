@@ -15,12 +15,20 @@ ones already up can only bridge the gap by batching more. So one policy decides 
 - Scale in only on measured load (AWS predictive scaling's rule): only when the highest
   load measured over `scale_in_after_s` needs fewer replicas, and the forecast has not
   asked for more over that window either. A forecast alone never removes a replica.
+- With a `risk` budget (> 0), the forecast's upper bound sizes the fleet only where it
+  matters: when the forecast touches a declared event, when it comes from a fallback,
+  or when the load measured has outrun the forecast's sizing within `scale_in_after_s`.
+  Elsewhere the fleet is sized for the forecast's quantile 1 - `risk` over the lead
+  (chance-constrained: the band read as normal around its mean), so the predicted
+  chance that the load over the start-up time needs more replicas stays under `risk`
+  at each step. The reason names the rule that sized the fleet.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from statistics import NormalDist
 
 import numpy as np
 
@@ -45,20 +53,24 @@ class JointPolicy:
     startup_s: float
     headroom: float = 0.8
     scale_in_after_s: float = 600.0
+    risk: float = 0.0  # 0: always the band's upper bound
     spec_text: str = "predictive:replicas=plan"
     # The load measured, and the replicas wanted, over the scale-in window.
     _peak_rps: SlidingMax = field(default_factory=SlidingMax, init=False, repr=False)
     _peak_need: SlidingMax = field(default_factory=SlidingMax, init=False, repr=False)
     _scaled: tuple[Forecast, int, Forecast] | None = field(default=None, init=False, repr=False)
-    _peak_ahead: tuple[Forecast, int, float, float] | None = field(
+    _peak_ahead: tuple[Forecast, int, bool, float, float] | None = field(
         default=None, init=False, repr=False
     )
+    _outrun_at: float = field(default=-math.inf, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not 0 < self.headroom <= 1:
             raise InvalidInput(f"headroom must be in (0, 1], got {self.headroom}")
         if self.scale_in_after_s < 0:
             raise InvalidInput(f"scale_in must be >= 0, got {self.scale_in_after_s}")
+        if not 0 <= self.risk < 0.5:
+            raise InvalidInput(f"risk must be in [0, 0.5), got {self.risk}")
         self.replica_rps = _replica_rps(self.batching.optimizer, self.headroom)
         if self.replica_rps <= 0:
             raise InvalidInput("no config is predicted to meet the SLO on one replica")
@@ -140,9 +152,12 @@ class JointPolicy:
     def _replicas(self, snapshot: Snapshot, fleet: FleetView) -> tuple[int, str | None]:
         now_rps = snapshot.observation.arrival_rate_rps
         lead_s = self._lead_s(snapshot.warmup_s, snapshot.tick_s)
-        ahead_rps, at_s = self._upper_ahead(snapshot, lead_s)
+        quantile = self._quantile_allowed(snapshot)
+        ahead_rps, at_s = self._peak_within(snapshot, lead_s, quantile)
         need_ahead = self.replicas_for(ahead_rps)
         need_now = self.replicas_for(now_rps)
+        if need_now > need_ahead:  # the load outran the forecast's sizing
+            self._outrun_at = snapshot.now
         # Both the load measured and what the forecast asked for, over the scale-in
         # window: a replica goes only when neither has wanted it for that long.
         need = max(need_ahead, need_now)
@@ -152,8 +167,9 @@ class JointPolicy:
         desired = fleet.desired
         if need > desired:
             wanted = need
+            bound = f"{1 - self.risk:.0%} quantile" if quantile else "upper bound"
             source = (
-                f"forecast upper bound {ahead_rps:.0f} req/s at +{at_s:.0f} s"
+                f"forecast {bound} {ahead_rps:.0f} req/s at +{at_s:.0f} s"
                 if need_ahead >= need_now
                 else f"{now_rps:.0f} req/s measured now"
             )
@@ -171,27 +187,55 @@ class JointPolicy:
             )
         return desired, None
 
-    def _upper_ahead(self, snapshot: Snapshot, lead_s: float) -> tuple[float, float]:
-        """The forecast's highest upper bound within `lead_s`, and how far ahead it is."""
+    def _quantile_allowed(self, snapshot: Snapshot) -> bool:
+        """Whether the fleet may be sized for the forecast's quantile rather than its
+        upper bound: a risk budget is set, and the forecast touches no declared event,
+        is no fallback's, and has not been outrun by the load within the scale-in window."""
+        forecast = snapshot.forecast
+        return (
+            self.risk > 0
+            and forecast is not None
+            and not forecast.events
+            and forecast.fallback is None
+            and snapshot.now - self._outrun_at > self.scale_in_after_s
+        )
+
+    def _peak_within(
+        self, snapshot: Snapshot, lead_s: float, quantile: bool
+    ) -> tuple[float, float]:
+        """The forecast's highest bound (its upper bound, or with `quantile` its
+        quantile 1 - `risk`) within `lead_s`, and how far ahead it is."""
         forecast = snapshot.forecast
         if forecast is None:
             return 0.0, 0.0
         # Forecast steps are in time order: those within the lead are a prefix, whose
-        # peak is found once per forecast and prefix, not every tick.
+        # peak is found once per forecast, prefix and rule, not every tick.
         steps = int(np.searchsorted(forecast.times_s, snapshot.now + lead_s, side="right"))
         if steps == 0:
             return 0.0, 0.0
         cached = self._peak_ahead
-        if cached is None or cached[0] is not forecast or cached[1] != steps:
-            peak = int(np.argmax(forecast.upper_rps[:steps]))
-            cached = (
-                forecast,
-                steps,
-                float(forecast.upper_rps[peak]),
-                float(forecast.times_s[peak]),
-            )
+        if (
+            cached is None
+            or cached[0] is not forecast
+            or cached[1] != steps
+            or cached[2] != quantile
+        ):
+            bound = self._bound_rps(forecast, quantile)[:steps]
+            peak = int(np.argmax(bound))
+            cached = (forecast, steps, quantile, float(bound[peak]), float(forecast.times_s[peak]))
             self._peak_ahead = cached
-        return cached[2], max(0.0, cached[3] - snapshot.now)
+        return cached[3], max(0.0, cached[4] - snapshot.now)
+
+    def _bound_rps(self, forecast: Forecast, quantile: bool) -> np.ndarray:
+        """The upper bound, or the quantile 1 - `risk` of a normal whose central
+        `level` interval is the band: mean + (z(1 - risk) / z((1 + level) / 2)) x
+        (upper - mean), at most the upper bound."""
+        if not quantile:
+            return forecast.upper_rps
+        normal = NormalDist()
+        share = normal.inv_cdf(1 - self.risk) / normal.inv_cdf((1 + forecast.level) / 2)
+        mean = forecast.mean_rps
+        return mean + min(1.0, max(0.0, share)) * (forecast.upper_rps - mean)
 
     def _per_replica(self, snapshot: Snapshot, replicas: int) -> Snapshot:
         """The pool as one replica of `replicas` sees it: its share of the load now and

@@ -135,6 +135,7 @@ _PLANNING = (
     PolicyOption("replicas", WORD, words=("fixed", "plan")),
     PolicyOption("headroom", NUMBER),
     _span("scale_in"),
+    PolicyOption("risk", NUMBER, low=0.0, high=0.49),
 )
 
 POLICY_KINDS: dict[str, PolicyKind] = {

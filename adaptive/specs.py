@@ -176,8 +176,9 @@ def _planning(spec: PolicySpec, context: PolicyContext, forecaster, name: str) -
     joint = _plans_replicas(spec, context)
     headroom = option_float(spec, "headroom", 0.8)
     scale_in_s = option_duration(spec, "scale_in", 600.0)
-    if not joint and ("headroom" in spec.options or "scale_in" in spec.options):
-        raise InvalidInput(f"policy {spec.text!r}: headroom and scale_in need replicas=plan")
+    risk = option_float(spec, "risk", 0.0)
+    if not joint and {"headroom", "scale_in", "risk"} & set(spec.options):
+        raise InvalidInput(f"policy {spec.text!r}: headroom, scale_in and risk need replicas=plan")
     table = context.replica_table if joint else context.table
     batching = PredictivePolicy(
         uses_events=name != "oracle",
@@ -198,6 +199,7 @@ def _planning(spec: PolicySpec, context: PolicyContext, forecaster, name: str) -
             startup_s=context.replica_startup_s,
             headroom=headroom,
             scale_in_after_s=scale_in_s,
+            risk=risk,
             spec_text=spec.text,
         ),
     )

@@ -169,7 +169,7 @@ def joint():
         return performance_table(latency, 1, slo_s, False)
 
     context = PolicyContext(0.1, 4, table=table, replica_table=table, replica_startup_s=90.0)
-    return lambda: build_policy("predictive:replicas=plan,step=10s", context)
+    return lambda options="": build_policy(f"predictive:replicas=plan,step=10s{options}", context)
 
 
 def flat_forecast(now: float, rps: float, rise_at_s: float | None = None, rise_rps: float = 0.0):
@@ -226,6 +226,29 @@ def test_the_joint_policy_starts_replicas_ahead_of_a_forecast_rise(joint):
     soon = planned(policy, 100.0, fleet, each, flat_forecast(100.0, each, 100.0, 4.5 * each))
     assert soon.replicas == 5
     assert soon.reason.startswith("forecast upper bound") and "starting 3" in soon.reason
+
+
+def test_a_risk_budget_sizes_for_a_quantile_except_near_events_or_after_a_miss(joint):
+    from dataclasses import replace
+
+    policy = joint(",risk=0.2")
+    each = policy.replica_rps
+    fleet = FleetView(2, 0, 2, 90.0)
+    # Mean 4.5 replicas' worth within the lead, band +-10% at level 0.9: the upper bound
+    # (4.95) needs 5; the 80% quantile, mean + 0.842/1.645 x 10%, is 4.73: still 5. At a
+    # mean of 3.8: the upper bound 4.18 needs 5, the quantile 3.99 needs 4.
+    forecast = flat_forecast(0.0, 3.8 * each)
+    quantile = planned(policy, 0.0, fleet, each, forecast)
+    assert quantile.replicas == 4 and "forecast 80% quantile" in quantile.reason
+    # A forecast that touches a declared event is sized for its upper bound.
+    sale = replace(flat_forecast(10.0, 3.8 * each), events=("sale",))
+    assert planned(joint(",risk=0.2"), 10.0, fleet, each, sale).replicas == 5
+    # The load measured outruns the forecast's sizing: the upper bound for a window.
+    planned(policy, 20.0, fleet, 6.0 * each, flat_forecast(20.0, 3.8 * each))
+    after = planned(policy, 30.0, fleet, each, flat_forecast(30.0, 3.8 * each))
+    assert after.replicas == 5 and "forecast upper bound" in after.reason
+    # Without a risk budget: the upper bound, as before.
+    assert planned(joint(), 0.0, fleet, each, flat_forecast(0.0, 3.8 * each)).replicas == 5
 
 
 def test_the_joint_policy_never_scales_in_on_a_forecast_alone(joint):
