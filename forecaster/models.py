@@ -97,15 +97,40 @@ def clock_after(series: RateSeries) -> StepClock:
 
 @dataclass(frozen=True)
 class SeasonalNaive:
-    """Tomorrow looks like today: the value one season ago (naive with no full season)."""
+    """Tomorrow looks like today: the value one season ago (naive with no full season).
+
+    With `rescale_s` > 0, tomorrow has today's shape at the level of the last
+    `rescale_s`: the season-ago values times the ratio of the last `rescale_s` of history
+    to the same span one season before. A day's rises (the 05:30 step of a city's
+    traffic) come when they came yesterday, at the height today's load has run at,
+    where a plain seasonal naive repeats yesterday's level and Holt repeats the last
+    hour's and misses the step."""
 
     period_s: float = DAY_S
+    rescale_s: float = 0.0
     name: str = "seasonal-naive"
 
-    def fit(self, series: RateSeries) -> FittedSeasonalNaive:
+    def __post_init__(self) -> None:
+        if not 0 <= self.rescale_s < self.period_s:
+            raise InvalidInput(
+                f"seasonal-naive: rescale must be in [0, period ({self.period_s:g}s)), "
+                f"got {self.rescale_s:g}s"
+            )
+
+    def fit(self, series: RateSeries) -> FittedSeasonalNaive | FittedRescaledNaive:
         values, _ = fill_gaps(series.counts.astype(np.float64))
         period = series.steps_per(self.period_s)
+        window = series.steps_per(self.rescale_s) if self.rescale_s > 0 else 0
+        if window and values.size >= period + window:
+            return FittedRescaledNaive.fitted(
+                self.name, clock_after(series), values, period, window
+            )
         fallback = None
+        if window:
+            fallback = (
+                f"not rescaled: history shorter than one {self.period_s:g}s season "
+                f"and {self.rescale_s:g}s"
+            )
         if values.size < period + 1:
             fallback = f"naive (last value): history shorter than one {self.period_s:g}s season"
             period = 1
@@ -139,3 +164,57 @@ class FittedSeasonalNaive:
         mean = self.last_season[(self.position + ahead) % period]
         spread = z_score(level) * self.sigma * np.sqrt(ahead // period + 1)
         return self.clock.forecast(mean, spread, level, self.name, self.fallback)
+
+
+@dataclass
+class FittedRescaledNaive:
+    """The last season and `window` steps before it, in a ring (`start`: the oldest)."""
+
+    name: str
+    clock: StepClock
+    ring: np.ndarray
+    period: int
+    window: int
+    sigma: float
+    start: int = 0
+
+    @classmethod
+    def fitted(
+        cls, name: str, clock: StepClock, values: np.ndarray, period: int, window: int
+    ) -> FittedRescaledNaive:
+        # The spread: how far each step fell from the season-ago value rescaled by the
+        # level ratio as it stood just before it (running sums over the history).
+        sums = np.concatenate(([0.0], np.cumsum(values)))
+        t = np.arange(period + window, values.size)
+        recent = sums[t] - sums[t - window]
+        before = sums[t - period] - sums[t - period - window]
+        ratio = np.divide(recent, before, out=np.ones_like(recent), where=before > 0)
+        errors = values[t] - ratio * values[t - period]
+        sigma = float(np.std(errors)) if errors.size > 1 else float(abs(values[-1]) ** 0.5)
+        ring = values[-(period + window) :].copy()
+        return cls(name, clock, ring, period, window, sigma)
+
+    def update(self, values: np.ndarray) -> None:
+        size = self.ring.size
+        for value in values:
+            if math.isnan(value):  # a gap: what the model expected there
+                value = float(self.predict(1).mean[0])
+            self.ring[self.start] = value
+            self.start = (self.start + 1) % size
+            self.clock.advance(1)
+
+    def level_ratio(self) -> float:
+        """The last `window` steps over the same steps one season before (1 if idle)."""
+        size = self.ring.size
+        span = np.arange(self.window)
+        before = float(self.ring[(self.start + span) % size].sum())
+        recent = float(self.ring[(self.start + self.period + span) % size].sum())
+        return recent / before if before > 0 else 1.0
+
+    def predict(self, steps: int, level: float = 0.9) -> Forecast:
+        ahead = np.arange(steps)
+        # Step k ahead is step k of the last season, which starts `window` in the ring.
+        season = self.ring[(self.start + self.window + ahead % self.period) % self.ring.size]
+        mean = season * self.level_ratio()
+        spread = z_score(level) * self.sigma * np.sqrt(ahead // self.period + 1)
+        return self.clock.forecast(mean, spread, level, self.name, None)

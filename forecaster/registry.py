@@ -20,7 +20,7 @@ from tidal_base.specs import parse_spec
 from tidal_base.units import parse_duration_s
 
 MODEL_OPTIONS = {
-    "seasonal-naive": ("period",),
+    "seasonal-naive": ("period", "rescale"),
     "holt": (),
     "holt-winters": ("seasonal", "period"),
     "mstl": (),
@@ -39,7 +39,8 @@ def build_forecaster(text: str) -> Forecaster:
         return parse_duration_s(options.pop(key), field=key) if key in options else default
 
     if spec.name == "seasonal-naive":
-        model: Forecaster = SeasonalNaive(take_duration("period", DAY_S))
+        period_s = take_duration("period", DAY_S)
+        model: Forecaster = SeasonalNaive(period_s, take_duration("rescale", 0.0))
     elif spec.name not in MODEL_NAMES:
         raise InvalidInput(f"unknown forecaster {spec.name!r} (known: {', '.join(MODEL_NAMES)})")
     elif spec.name == "holt-winters":

@@ -29,6 +29,8 @@ from tidal_base.specs import Spec, bare_durations, parse_spec
 from tidal_base.units import parse_duration_s
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from adaptive.fleet import FleetLimits
     from adaptive.guards import Guardrails
     from adaptive.latency import LatencyModel
@@ -260,13 +262,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="timeline window, a multiple of the tick (default 10s)",
     )
     run.add_argument("--seed", type=int, default=0, help="seed for arrivals and jitter")
+    run.add_argument(
+        "--prime",
+        type=duration_arg,
+        metavar="DURATION",
+        help="the trace's first DURATION primes every policy's forecast, as the live "
+        "control plane primes from the traffic its bus recorded, and is not replayed or "
+        "scored (a forecaster meets day 2 having seen day 1)",
+    )
     run.add_argument("--out", type=Path, help="write summary.json, timelines and plots here")
     run.add_argument("--json", action="store_true", help="print only the summary JSON on stdout")
     run.add_argument(
         "--processes",
         type=positive_int_arg,
-        help="replay the policies in up to N processes (default: one per core; 1 keeps "
-        "the replay in this process)",
+        help="replay on N cores (default: every core): the policies are split into as "
+        "many processes as makes the replay shortest; 1 keeps the replay in this process",
     )
     run.add_argument("--no-progress", action="store_true", help="never show a progress bar")
     return mark_durations(parser)
@@ -308,7 +318,7 @@ def _run(args: argparse.Namespace) -> int:
     _check_plausible_flags(args)
     if args.out is not None:
         check_writable_folder(args.out, "--out")  # before the run, not after it
-    trace = _load(args)
+    trace, history = _primed(_load(args), args.prime)
     _check_plausible_replay(trace, args)
     for note in trace.notes:
         print(f"simulate: warning: {note}", file=sys.stderr)
@@ -322,6 +332,7 @@ def _run(args: argparse.Namespace) -> int:
         origin_s=origin_s,
         guardrails=parse_guardrails(args.guard),
         on_trace_clock=trace.origin is not None and args.time_scale == 1,
+        history=history,
     )
     latency = parse_latency_model(args.latency_model)
     context = policy_context(trace, latency, pool)
@@ -365,6 +376,10 @@ def _check_plausible_flags(args: argparse.Namespace) -> None:
     for flag, value in (("--workers", args.workers), ("--max-replicas", args.max_replicas)):
         if value is not None and value > MAX_WORKERS:
             raise InvalidInput(f"{flag} {value}: at most {MAX_WORKERS:,} simulated workers")
+    if args.prime is not None and (args.prime <= 0 or args.prime != math.floor(args.prime)):
+        raise InvalidInput(
+            f"--prime must be a positive whole number of seconds, got {args.prime:g}"
+        )
 
 
 def _check_plausible_replay(trace: Trace, args: argparse.Namespace) -> None:
@@ -435,6 +450,16 @@ def policy_context(trace: Trace, latency: LatencyModel, pool: PoolSettings) -> P
         replica_table=replica_table if fleet is not None else None,
         replica_startup_s=fleet.startup_s if fleet is not None else 0.0,
     )
+
+
+def _primed(trace: Trace, prime_s: float | None) -> tuple[Trace, np.ndarray | None]:
+    """The trace to replay and the history that primes the forecasts (`--prime`)."""
+    if prime_s is None:
+        return trace, None
+    from simulations.priming import split_history
+
+    primed = split_history(trace, prime_s)
+    return primed.trace, primed.history
 
 
 def _events(args: argparse.Namespace, origin_s: float) -> tuple[Event, ...]:

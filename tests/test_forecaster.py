@@ -116,9 +116,55 @@ def test_model_does_not_learn_a_declared_spike_as_normal():
     assert plain.predict(1).mean[0] > 3 * base[-1]
 
 
+def test_rescaled_seasonal_naive_has_yesterdays_shape_at_todays_level():
+    """Yesterday's 05:30 step comes again at 05:30, scaled by how today's last hour ran
+    against yesterday's same hour."""
+    shape = np.where(np.arange(48) >= 11, 3000.0, 2000.0)  # a step at 05:30, half-hours
+    series = RateSeries(0.0, 1800.0, np.concatenate([shape, shape[:10] * 1.1]))
+    forecast = SeasonalNaive(DAY, rescale_s=HOUR).fit(series).predict(4)
+    assert forecast.fallback is None
+    assert forecast.mean == pytest.approx([2200.0, 3300.0, 3300.0, 3300.0])
+    plain = SeasonalNaive(DAY).fit(series).predict(4)
+    assert plain.mean == pytest.approx(shape[10:14])  # yesterday's level
+
+
+@given(
+    season=st.lists(st.floats(1.0, 1e4), min_size=4, max_size=24),
+    growth=st.floats(0.25, 4.0),
+    window=st.integers(1, 3),
+    seasons=st.integers(2, 4),
+)
+def test_rescaled_seasonal_naive_is_exact_on_a_season_that_grows_by_a_factor(
+    season, growth, window, seasons
+):
+    """Each season the last one times `growth`: the forecast of the next is exact, and
+    stays so as steps are absorbed one by one."""
+    period = len(season)
+    base = np.array(season)
+    values = np.concatenate([base * growth**k for k in range(seasons)])
+    model = SeasonalNaive(float(period), rescale_s=float(window))
+    fitted = model.fit(RateSeries(0.0, 1.0, values))
+    expected = base * growth**seasons
+    assert fitted.predict(period).mean == pytest.approx(expected, rel=1e-9)
+    fitted.update(expected[:1])
+    assert fitted.predict(period - 1).mean == pytest.approx(expected[1:], rel=1e-9)
+
+
+def test_rescaled_seasonal_naive_fills_a_gap_and_says_when_history_is_short():
+    values = np.tile([100.0, 200.0, 300.0, 400.0], 3)
+    fitted = SeasonalNaive(4.0, rescale_s=2.0).fit(RateSeries(0.0, 1.0, values))
+    fitted.update(np.array([np.nan]))  # what it expected there
+    assert fitted.predict(3).mean == pytest.approx([200.0, 300.0, 400.0])
+    short = SeasonalNaive(4.0, rescale_s=2.0).fit(RateSeries(0.0, 1.0, values[:5]))
+    assert short.predict(2).fallback.startswith("not rescaled: history shorter than one")
+    with pytest.raises(InvalidInput, match=r"rescale must be in \[0, period"):
+        build_forecaster("seasonal-naive:period=1h,rescale=2h")
+
+
 def test_specs_and_errors():
     assert build_forecaster("holt-winters:seasonal=mul").multiplicative
     assert build_forecaster("seasonal-naive:period=7d").period_s == 7 * DAY
+    assert build_forecaster("seasonal-naive:rescale=1h").rescale_s == HOUR
     with pytest.raises(InvalidInput, match="unknown forecaster 'prophet'"):
         build_forecaster("prophet")
     with pytest.raises(InvalidInput, match="unknown option 'alpha'"):
@@ -130,7 +176,7 @@ def test_specs_and_errors():
     [
         ("holt:alpha=0.3", "holt takes none"),
         ("holt-winters:periode=1d", "seasonal, period"),
-        ("seasonal-naive:seasonal=mul", "period"),
+        ("seasonal-naive:seasonal=mul", "period, rescale"),
     ],
 )
 def test_an_unknown_forecaster_option_names_the_known_ones(text, known):
