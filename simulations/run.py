@@ -535,7 +535,8 @@ def _process_groups(job: _ReplayJob, cores: int) -> list[list[int]]:
         loads = [sum(weights[i] for i in g) + ARRIVAL_WEIGHT for g in groups if g]
         return max(max(loads), sum(loads) / cores)
 
-    candidates = [_balanced(weights, count) for count in range(cores, len(weights) + 1)]
+    fewest = min(cores, len(weights))
+    candidates = [_balanced(weights, count) for count in range(fewest, len(weights) + 1)]
     best = min(candidates, key=wall)  # the fewest processes among equals: listed first
     return [sorted(group) for group in best if group]
 

@@ -330,6 +330,46 @@ def test_a_replay_split_over_processes_gives_the_results_of_one_process():
         assert a.latency == b.latency and a.busy_s == b.busy_s
 
 
+@pytest.mark.parametrize(
+    ("specs", "cores", "groups"),
+    [
+        # three equal policies on two cores: three processes the OS shares, not 2 + 1
+        (["static:max_batch=8,timeout=2ms"] * 3, 2, [[0], [1], [2]]),
+        # more cores than policies: one process each
+        (["static:max_batch=8,timeout=2ms"] * 2, 4, [[0], [1]]),
+        # weights 3.3, 1, 1.2, 1.6: three groups (the longer of 3.65 and 4.075 units)
+        # beat two (3.8 + 0.35 = 4.15)
+        (
+            ["predictive", "static:max_batch=8,timeout=2ms", "aimd", "reactive"],
+            2,
+            [[0], [1, 2], [3]],
+        ),
+        # six policies on two cores: two groups (6.25 units) beat three (6.375)
+        (
+            ["static:max_batch=8,timeout=2ms"] * 2 + ["aimd", "reactive", "predictive", "oracle"],
+            2,
+            None,
+        ),
+        (["aimd"] * 3, 1, [[0, 1, 2]]),  # one core: this process
+    ],
+)
+def test_policies_split_into_as_many_processes_as_makes_the_replay_shortest(specs, cores, groups):
+    from simulations.run import _process_groups, _ReplayJob
+
+    trace = hour_of_traffic()
+    pool = PoolSettings(4, 0.1)
+    context = policy_context(trace, LATENCY, pool)
+    policies = tuple((build_policy(s, context), None) for s in specs)
+    split = _process_groups(
+        _ReplayJob(trace, SimulationSettings(pool=pool), LATENCY, policies), cores
+    )
+    assert sorted(i for g in split for i in g) == list(range(len(specs)))
+    if groups is None:
+        assert len(split) == 2
+    else:
+        assert split == groups
+
+
 def test_a_policy_that_fails_in_a_forked_replay_fails_the_replay_with_its_error():
     trace = hour_of_traffic()
     pool = PoolSettings(4, 0.1)
